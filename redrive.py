@@ -1,0 +1,1265 @@
+# /// script
+# requires-python = ">=3.9"
+# dependencies = ["requests>=2.32,<3"]
+# ///
+"""redrive: finish a batch of HTTP requests, pay for nothing twice, say what is missing.
+
+usage: python redrive.py IDS_FILE [--url TEMPLATE] [--state-dir DIR] [options]
+
+IDS_FILE holds one id per line (UTF-8; blank lines and '#' lines are skipped).
+Each id becomes one request: --url TEMPLATE with {id} replaced by the
+percent-encoded id, or, by default, the line itself as a full http(s) URL.
+
+Every response falls into one bucket:
+  fatal      401, 402 (--fatal): halt at once, mark nothing failed, exit 3
+  retryable  408, 429, 5xx but 501/505, timeouts, connection errors, empty or
+             invalid bodies (--retry): backoff with jitter, Retry-After
+             honoured, at most --tries attempts per pass
+  skip       404, 400, 410 and every other status (--skip): recorded as
+             unavailable, never requested again
+Pass one tries every pending id; pass two (up to --passes) re-drives only the
+failures, each --cooldown seconds after it failed. What still fails is
+confirmed unavailable, with its reason and a recommended action.
+
+State, in STATE_DIR (default: IDS_FILE without extension + ".redrive"),
+every file append-only, one record per line, flushed as written:
+  results.jsonl      one line per success: id, url, status, fetched_at, body
+  done.txt           one id per line, written after its result line
+  failed.jsonl       one line per failed (id, pass): bucket, status, error, tries
+  unavailable.jsonl  one line per settled failure: reason, action
+Rerun the same command after Ctrl+C, a kill or a reboot to resume.
+
+Exit codes: 0 every id settled, 1 some ids pending or failed, 2 usage or
+input error, 3 halted by a fatal response, 75 another run holds the state
+dir, 130 interrupted (Ctrl+C), 143 terminated (SIGTERM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import dataclasses
+import email.utils
+import hashlib
+import heapq
+import http
+import http.server
+import itertools
+import json
+import os
+import queue
+import random
+import re
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from enum import Enum, IntEnum
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import requests
+from requests.adapters import HTTPAdapter
+
+__version__ = "0.1.0"
+
+# --------------------------------------------------------------- constants
+
+#: Statuses that halt the whole job: no key, no credit. Retrying cannot help.
+FATAL_STATUSES = frozenset({401, 402})
+
+#: Statuses worth another try: throttles and server-side trouble. 501 (Not
+#: Implemented) and 505 (HTTP Version Not Supported) are answers, not trouble.
+RETRY_STATUSES = frozenset({408, 429} | (set(range(500, 600)) - {501, 505}))
+
+#: Definitive answers. Any status not mapped anywhere is skipped too: an
+#: unknown answer is never retried blindly (fail closed).
+SKIP_STATUSES = frozenset({400, 404, 410})
+
+#: Query parameter names whose values are secrets and are shown redacted.
+SECRET_NAME = re.compile(r"key|token|secret|sig|passw|auth|credential|session", re.I)
+
+#: How long an interrupted or halted run waits for requests already in flight.
+GRACE_SECONDS = 5.0
+
+#: How many unavailable ids the summary lists before pointing at the file.
+LISTED_UNAVAILABLE = 20
+
+#: Bytes of a fatal response's body shown to the user.
+EXCERPT_CHARS = 200
+
+READ_CHUNK = 65536
+STATE_FILES = ("results.jsonl", "done.txt", "failed.jsonl", "unavailable.jsonl")
+
+
+class ExitCode(IntEnum):
+    OK = 0  #: every id settled: done or confirmed unavailable
+    INCOMPLETE = 1  #: some ids still pending or failed; rerun to continue
+    USAGE = 2  #: bad command line, input file or state
+    FATAL = 3  #: halted by a fatal response (401, 402, --fatal)
+    LOCKED = 75  #: another run holds the state dir (EX_TEMPFAIL)
+    INTERRUPTED = 130  #: Ctrl+C
+    TERMINATED = 143  #: SIGTERM
+
+
+class Bucket(Enum):
+    OK = "ok"
+    FATAL = "fatal"
+    RETRYABLE = "retryable"
+    SKIP = "skip"
+
+
+class RedriveError(Exception):
+    """A problem the user can fix: shown as one line, mapped to an exit code."""
+
+    def __init__(self, message: str, code: ExitCode = ExitCode.USAGE):
+        super().__init__(message)
+        self.code = code
+
+
+# ------------------------------------------------------------------- types
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything a run needs, decided once from the command line."""
+
+    ids_file: Path
+    state_dir: Path
+    url: str = "{id}"
+    headers: tuple = ()  #: (name, value) pairs; values are secrets
+    concurrency: int = 4
+    timeout: float = 30.0
+    tries: int = 5
+    passes: int = 2
+    backoff: float = 1.0
+    max_backoff: float = 60.0
+    cooldown: float = 30.0
+    fatal: frozenset = FATAL_STATUSES
+    retry: frozenset = RETRY_STATUSES
+    skip: frozenset = SKIP_STATUSES
+    retry_unavailable: bool = False
+    max_time: Optional[float] = None
+    max_bytes: int = 50 * 1024 * 1024
+    quiet: bool = False
+
+    @property
+    def header_names(self) -> frozenset:
+        return frozenset(name.lower() for name, _ in self.headers)
+
+
+@dataclass
+class Outcome:
+    """What one attempt produced. Built by a worker, never raised."""
+
+    bucket: Bucket
+    status: Optional[int] = None
+    error: str = ""
+    body: object = None
+    final_url: Optional[str] = None
+    retry_after: Optional[float] = None
+    excerpt: str = ""
+
+
+@dataclass
+class Item:
+    """One id on its way through the passes."""
+
+    id: str
+    pass_no: int = 1
+    tries: int = 0
+
+
+@dataclass(frozen=True)
+class Effects:
+    """The clock, the sleep and the randomness: parameters, so tests are exact."""
+
+    clock: Callable[[], float] = time.monotonic
+    wallclock: Callable[[], float] = time.time
+    sleep: Optional[Callable[[float], None]] = None  #: None: an interruptible wait
+    rand: Callable[[], float] = random.random
+
+
+# ------------------------------------------------------------ pure policy
+
+
+def classify_status(status: int, cfg: Config) -> Bucket:
+    """Sort an HTTP status into a bucket; 2xx is a success, the rest fails closed."""
+    if status in cfg.fatal:
+        return Bucket.FATAL
+    if status in cfg.retry:
+        return Bucket.RETRYABLE
+    if status in cfg.skip or not 200 <= status < 300:
+        return Bucket.SKIP
+    return Bucket.OK
+
+
+def classify_exception(exc: Exception, timeout: float) -> tuple:
+    """Sort a requests exception into (bucket, short reason).
+
+    Order matters: ConnectTimeout is both a ConnectionError and a Timeout,
+    and SSLError is a ConnectionError that no retry will fix.
+    """
+    if isinstance(exc, requests.exceptions.SSLError):
+        return Bucket.SKIP, "TLS error (certificate or handshake)"
+    if isinstance(exc, (requests.exceptions.Timeout, AttemptTimeout)):
+        return Bucket.RETRYABLE, f"timeout after {timeout:g} s"
+    if isinstance(exc, requests.exceptions.TooManyRedirects):
+        return Bucket.SKIP, "too many redirects"
+    if isinstance(exc, (requests.exceptions.ConnectionError,
+                        requests.exceptions.ChunkedEncodingError,
+                        requests.exceptions.ContentDecodingError)):
+        return Bucket.RETRYABLE, connection_reason(exc)
+    return Bucket.SKIP, f"request not sendable ({type(exc).__name__})"
+
+
+def connection_reason(exc: Exception) -> str:
+    """A short, secret-free reason for a transport failure."""
+    text = repr(exc)
+    if "Connection refused" in text or "ConnectionRefused" in text:
+        return "connection refused"
+    if "Name or service not known" in text or "NameResolution" in text:
+        return "host name not found"
+    if "RemoteDisconnected" in text or "reset by peer" in text:
+        return "connection dropped by the server"
+    if isinstance(exc, requests.exceptions.ChunkedEncodingError):
+        return "truncated body"
+    return "connection error"
+
+
+def backoff_delay(attempt: int, base: float, cap: float, rand: Callable[[], float]) -> float:
+    """Wait before retry number `attempt` (1 = after the first failure).
+
+    delay = min(cap, base * 2 ** (attempt - 1)), then "equal jitter":
+    wait = delay / 2 + delay / 2 * rand(), so a cohort that failed together
+    spreads over [delay / 2, delay] instead of returning as one hammer.
+    """
+    delay = min(cap, base * 2 ** (attempt - 1))
+    return delay / 2 + delay / 2 * rand()
+
+
+def parse_retry_after(value: Optional[str], now: float) -> Optional[float]:
+    """Seconds to wait from a Retry-After value: delay-seconds or an HTTP-date.
+
+    Returns None for a missing or unparseable value, 0 for a date in the past.
+    """
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, when.timestamp() - now)
+
+
+def status_reason(status: int) -> str:
+    """'503 Service Unavailable' for a known status, 'HTTP 599' otherwise."""
+    try:
+        return f"{status} {http.HTTPStatus(status).phrase}"
+    except ValueError:
+        return f"HTTP {status}"
+
+
+def recommend(bucket: Bucket, status: Optional[int], reason: str, passes: int) -> str:
+    """The plain-words next step for an id that ends up unavailable."""
+    if bucket is Bucket.SKIP:
+        if status in (404, 410):
+            return f"removed upstream ({status}): drop it from the input list"
+        if status == 400:
+            return "rejected as a bad request (400): check the id and the --url template"
+        if status is None:
+            return f"{reason}: fix the URL or the host, then rerun with --retry-unavailable"
+        return f"{status} is not retried: check the item upstream, or add {status} to --retry"
+    after = f"after {passes} pass{'es' if passes != 1 else ''}"
+    if status == 429:
+        return f"still throttled (429) {after}: lower --concurrency, rerun with --retry-unavailable"
+    if reason.startswith("timeout"):
+        return f"still timing out {after}: raise --timeout, or rerun later with --retry-unavailable"
+    shown = status if status is not None else reason
+    return f"still {shown} {after}: check the item upstream, or rerun with --retry-unavailable"
+
+
+def redact_url(url: str) -> str:
+    """The URL with the values of key-like query parameters and passwords hidden."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, _, host = netloc.rpartition("@")
+        netloc = f"{userinfo.split(':')[0]}:REDACTED@{host}" if ":" in userinfo else netloc
+    query = "&".join(_redact_pair(pair) for pair in parts.query.split("&")) if parts.query else ""
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _redact_pair(pair: str) -> str:
+    name, eq, _ = pair.partition("=")
+    return f"{name}=REDACTED" if eq and SECRET_NAME.search(name) else pair
+
+
+def build_url(template: str, item_id: str) -> str:
+    """The request URL: the id itself, or the template with {id} percent-encoded."""
+    if template == "{id}":
+        return item_id
+    return template.replace("{id}", quote(item_id, safe=""))
+
+
+def is_http_url(url: str) -> bool:
+    parts = urlsplit(url)
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+def parse_codes(text: str) -> frozenset:
+    """'429,500-599' -> the set of those statuses; raises ValueError on junk."""
+    codes = set()
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        low, _, high = part.partition("-")
+        first, last = int(low), int(high or low)
+        if not 100 <= first <= last <= 599:
+            raise ValueError(part)
+        codes.update(range(first, last + 1))
+    if not codes:
+        raise ValueError(text)
+    return frozenset(codes)
+
+
+def resolve_buckets(fatal, retry, skip) -> tuple:
+    """Status sets from the options: a code the user names wins over a default."""
+    given = {"fatal": fatal, "retry": retry, "skip": skip}
+    defaults = {"fatal": FATAL_STATUSES, "retry": RETRY_STATUSES, "skip": SKIP_STATUSES}
+    named = set().union(*(codes for codes in given.values() if codes))
+    for a, b in itertools.combinations(given, 2):
+        both = (given[a] or set()) & (given[b] or set())
+        if both:
+            raise RedriveError(f"status {min(both)} is given to both --{a} and --{b}; name it once")
+    return tuple(given[k] if given[k] else defaults[k] - named for k in ("fatal", "retry", "skip"))
+
+
+def iso(epoch: float) -> str:
+    """UTC timestamp with microseconds: sortable as text."""
+    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_iso(text: str) -> float:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
+
+
+class Redactor:
+    """Replaces every known secret value in a text with '***'."""
+
+    def __init__(self, secrets: Iterable[str]):
+        self.secrets = sorted({s for s in secrets if len(s) >= 3}, key=len, reverse=True)
+
+    def __call__(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, "***")
+        return text
+
+
+# ------------------------------------------------------------------ input
+
+
+ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+
+def read_ids(path: Path) -> tuple:
+    """(unique ids in file order, number of duplicate lines) from IDS_FILE."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise RedriveError(f"{path}: no such file; give a text file with one id per line") from None
+    except OSError as exc:
+        raise RedriveError(f"{path}: cannot read it ({exc.strerror}); check the path and its permissions") from None
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8):]
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise RedriveError(f"{path} line {line}: not valid UTF-8; save the file as UTF-8") from None
+    lines = (line.strip() for line in text.split("\n"))
+    ids = [line for line in lines if line and not line.startswith("#")]
+    unique = list(dict.fromkeys(ids))
+    if not unique:
+        raise RedriveError(f"{path}: no ids in it; put one id per line ('#' lines are comments)")
+    return unique, len(ids) - len(unique)
+
+
+def line_of(path: Path, item_id: str) -> int:
+    """The first line of IDS_FILE that holds item_id (for error messages)."""
+    for number, line in enumerate(path.read_bytes().decode("utf-8-sig").split("\n"), 1):
+        if line.strip() == item_id:
+            return number
+    return 0
+
+
+def check_urls(cfg: Config, ids: list, redact: Redactor) -> None:
+    """Refuse a template without {id}, or an id that is not an http(s) URL."""
+    if "{id}" not in cfg.url:
+        raise RedriveError(f"--url {redact(redact_url(cfg.url))!r} has no {{id}}; put {{id}} where the id goes")
+    if cfg.url != "{id}":
+        if not is_http_url(build_url(cfg.url, "x")):
+            raise RedriveError(f"--url {redact(redact_url(cfg.url))!r} is not an http(s) URL; start it with https://")
+        return
+    for item_id in ids:
+        if not is_http_url(item_id):
+            shown = redact(redact_url(item_id))[:80]
+            raise RedriveError(
+                f"{cfg.ids_file} line {line_of(cfg.ids_file, item_id)}: {shown!r} is not an http(s) URL; "
+                "list full URLs, or give --url TEMPLATE with {id}")
+
+
+def parse_header(text: str, environ) -> tuple:
+    """'Name: value with ${VAR}' -> (name, value), reading VAR from the environment."""
+    name, colon, value = text.partition(":")
+    name = name.strip()
+    if not colon or not HEADER_NAME.match(name):
+        raise RedriveError(f"-H {name[:40]!r}: write it as -H 'Name: value'")
+
+    def expand(match):
+        if match.group(1) not in environ:
+            raise RedriveError(f"-H {name}: environment variable {match.group(1)} is not set; export it first")
+        return environ[match.group(1)]
+
+    value = ENV_REF.sub(expand, value.strip())
+    if "\n" in value or "\r" in value:
+        raise RedriveError(f"-H {name}: the value holds a line break; remove it")
+    return name, value
+
+
+# ------------------------------------------------------------ state files
+
+
+@dataclass
+class State:
+    """What the state dir says about each id, read at start."""
+
+    done: set = field(default_factory=set)
+    failed: dict = field(default_factory=dict)  #: id -> latest failed record
+    unavailable: dict = field(default_factory=dict)  #: id -> latest record
+    repairs: list = field(default_factory=list)  #: warnings about what was mended
+
+
+class Ledger:
+    """The one writer of the state dir. Every line is one os.write on an
+    O_APPEND descriptor: flushed to the kernel when the call returns, so a
+    kill loses nothing written, and no line ever interleaves with another."""
+
+    def __init__(self, state_dir: Path):
+        self.dir = state_dir
+        self.fds = {}
+
+    def open(self) -> None:
+        for name in STATE_FILES:
+            path = self.dir / name
+            try:
+                self.fds[name] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise RedriveError(f"{path}: cannot open for writing ({exc.strerror}); check --state-dir") from None
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+    def append(self, name: str, line: str) -> None:
+        data = (line + "\n").encode("utf-8")
+        try:
+            while data:
+                data = data[os.write(self.fds[name], data):]
+        except OSError as exc:
+            raise RedriveError(f"{self.dir / name}: write failed ({exc.strerror}); free space, then rerun") from None
+
+    def record(self, name: str, record: dict) -> None:
+        self.append(name, json.dumps(record, ensure_ascii=False, separators=(",", ":")))
+
+    def success(self, item_id: str, record: dict) -> None:
+        """The result line first, then the done line: done means stored."""
+        self.record("results.jsonl", record)
+        self.append("done.txt", item_id)
+
+
+def repair_torn_tail(path: Path) -> Optional[str]:
+    """Cut off a last line without its newline (a kill mid-write); say so."""
+    try:
+        with open(path, "rb+") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            if size == 0 or _byte_at(fh, size - 1) == b"\n":
+                return None
+            keep = _last_newline(fh, size) + 1
+            fh.truncate(keep)
+            return f"{path.name}: cut off a torn last line ({size - keep} bytes, from an interrupted write)"
+    except FileNotFoundError:
+        return None
+
+
+def _byte_at(fh, offset: int) -> bytes:
+    fh.seek(offset)
+    return fh.read(1)
+
+
+def _last_newline(fh, size: int) -> int:
+    """Offset of the last b'\\n' in the file, -1 if none; reads backwards."""
+    end = size
+    while end > 0:
+        start = max(0, end - READ_CHUNK)
+        fh.seek(start)
+        found = fh.read(end - start).rfind(b"\n")
+        if found >= 0:
+            return start + found
+        end = start
+    return -1
+
+
+def last_line(path: Path) -> Optional[bytes]:
+    """The last complete line of a file, read from the end."""
+    try:
+        with open(path, "rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            if size == 0:
+                return None
+            start = _last_newline(fh, size - 1) + 1
+            fh.seek(start)
+            return fh.read(size - start).rstrip(b"\n")
+    except FileNotFoundError:
+        return None
+
+
+def read_records(path: Path) -> Iterable[dict]:
+    """The JSON records of a state file; a foreign line is a user error."""
+    try:
+        fh = open(path, encoding="utf-8")
+    except FileNotFoundError:
+        return
+    with fh:
+        for number, line in enumerate(fh, 1):
+            try:
+                record = json.loads(line)
+                if isinstance(record, dict) and isinstance(record.get("id"), str):
+                    yield record
+                    continue
+            except ValueError:
+                pass
+            raise RedriveError(f"{path} line {number}: not a redrive record; move the file away or fix that line")
+
+
+def load_state(state_dir: Path) -> State:
+    """Repair what a kill can leave, then read who is done, failed, unavailable."""
+    state = State()
+    for name in STATE_FILES:
+        note = repair_torn_tail(state_dir / name)
+        if note:
+            state.repairs.append(note)
+    try:
+        with open(state_dir / "done.txt", encoding="utf-8") as fh:
+            state.done = {line.rstrip("\n") for line in fh}
+    except FileNotFoundError:
+        pass
+    for record in read_records(state_dir / "failed.jsonl"):
+        state.failed[record["id"]] = record
+    for record in read_records(state_dir / "unavailable.jsonl"):
+        state.unavailable[record["id"]] = record
+    return state
+
+
+def complete_lost_done(state: State, ledger: Ledger) -> None:
+    """A kill between a result line and its done line: finish the pair."""
+    tail = last_line(ledger.dir / "results.jsonl")
+    if not tail:
+        return
+    try:
+        item_id = json.loads(tail)["id"]
+    except (ValueError, KeyError, TypeError):
+        raise RedriveError(f"{ledger.dir / 'results.jsonl'}: last line is not a redrive record; move the file away")
+    if item_id not in state.done:
+        ledger.append("done.txt", item_id)
+        state.done.add(item_id)
+        state.repairs.append(f"done.txt: added {item_id!r}, whose result was stored just before a kill")
+
+
+def latest_failure(state: State, item_id: str) -> Optional[dict]:
+    """The failed record that still counts: one newer than any unavailable record."""
+    failed = state.failed.get(item_id)
+    settled = state.unavailable.get(item_id)
+    if failed and settled and settled.get("at", "") >= failed.get("at", ""):
+        return None
+    return failed
+
+
+# ------------------------------------------------------------------- HTTP
+
+
+class AttemptTimeout(Exception):
+    """The whole attempt ran past --timeout (a server dripping its body)."""
+
+
+class GuardedSession(requests.Session):
+    """A Session that never carries the user's headers to another origin.
+
+    requests itself strips only Authorization on a cross-host redirect; an
+    X-API-Key header would follow the redirect anywhere.
+    """
+
+    def __init__(self, guarded: frozenset):
+        super().__init__()
+        self.guarded = guarded
+        self.origin = None
+
+    def rebuild_auth(self, prepared_request, response):
+        super().rebuild_auth(prepared_request, response)
+        if origin_of(prepared_request.url) != self.origin:
+            for name in list(prepared_request.headers):
+                if name.lower() in self.guarded:
+                    del prepared_request.headers[name]
+
+
+def origin_of(url: str) -> tuple:
+    parts = urlsplit(url)
+    default = {"http": 80, "https": 443}.get(parts.scheme)
+    return parts.scheme, parts.hostname, parts.port or default
+
+
+def make_session(cfg: Config) -> GuardedSession:
+    """A pooled session with redrive's headers; urllib3's own retries stay off."""
+    session = GuardedSession(cfg.header_names)
+    adapter = HTTPAdapter(pool_connections=1, pool_maxsize=max(1, cfg.concurrency), max_retries=0)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    session.headers["User-Agent"] = f"redrive/{__version__}"
+    session.headers.update(dict(cfg.headers))
+    return session
+
+
+def fetch(session: GuardedSession, url: str, cfg: Config, redact: Redactor) -> Outcome:
+    """One attempt. Every HTTP or network failure comes back as an Outcome."""
+    session.origin = origin_of(url)
+    deadline = time.monotonic() + cfg.timeout
+    try:
+        with session.get(url, timeout=cfg.timeout, stream=True) as resp:
+            bucket = classify_status(resp.status_code, cfg)
+            if bucket is Bucket.OK or bucket is Bucket.FATAL:
+                raw = read_body(resp, cfg.max_bytes, deadline)
+            else:
+                raw = b""
+    except (requests.RequestException, AttemptTimeout) as exc:
+        bucket, reason = classify_exception(exc, cfg.timeout)
+        return Outcome(bucket, error=reason)
+    except BodyTooLarge:
+        return Outcome(Bucket.SKIP, resp.status_code, f"body over {cfg.max_bytes} bytes")
+    return interpret(resp, raw, bucket, redact)
+
+
+class BodyTooLarge(Exception):
+    """The body grew past --max-bytes; reading stopped there."""
+
+
+def read_body(resp: requests.Response, max_bytes: int, deadline: float) -> bytes:
+    """Read the body in pieces as they arrive, within the size cap and the deadline."""
+    read = getattr(resp.raw, "read1", None)
+    chunks = iter(lambda: read(READ_CHUNK, decode_content=True), b"") if read else resp.iter_content(READ_CHUNK)
+    body, size = [], 0
+    for chunk in chunks:
+        size += len(chunk)
+        if size > max_bytes:
+            raise BodyTooLarge()
+        if time.monotonic() > deadline:
+            raise AttemptTimeout()
+        body.append(chunk)
+    return b"".join(body)
+
+
+def interpret(resp: requests.Response, raw: bytes, bucket: Bucket, redact: Redactor) -> Outcome:
+    """Turn a status and a body into an Outcome: a 2xx must carry a real body."""
+    status = resp.status_code
+    final = resp.url if resp.history else None
+    if bucket is Bucket.FATAL:
+        excerpt = redact(decode(raw, resp)[:EXCERPT_CHARS].replace("\n", " "))
+        return Outcome(bucket, status, status_reason(status), excerpt=excerpt)
+    if bucket is not Bucket.OK:
+        wait = parse_retry_after(resp.headers.get("Retry-After"), time.time())
+        return Outcome(bucket, status, status_reason(status), retry_after=wait)
+    if not raw.strip():
+        return Outcome(Bucket.RETRYABLE, status, "empty body")
+    text = decode(raw, resp)
+    if "json" in resp.headers.get("Content-Type", "").lower():
+        try:
+            return Outcome(Bucket.OK, status, body=json.loads(text), final_url=final)
+        except ValueError:
+            return Outcome(Bucket.RETRYABLE, status, "invalid JSON")
+    return Outcome(Bucket.OK, status, body=text, final_url=final)
+
+
+def decode(raw: bytes, resp: requests.Response) -> str:
+    """Body text: the declared charset, else UTF-8; bad bytes are replaced."""
+    declared = "charset=" in resp.headers.get("Content-Type", "").lower()
+    try:
+        return raw.decode(resp.encoding if declared and resp.encoding else "utf-8", errors="replace")
+    except LookupError:
+        return raw.decode("utf-8", errors="replace")
+
+
+# --------------------------------------------------------------- run loop
+
+
+WAKE = object()  #: put on the outcome queue by a signal handler
+
+
+@dataclass
+class Tally:
+    """What this run did, for the summary."""
+
+    requests: int = 0
+    per_pass: dict = field(default_factory=dict)  #: pass -> Counter of results
+    fatal: Optional[Outcome] = None
+    fatal_id: str = ""
+    stop: str = ""  #: "", "fatal", "interrupted", "terminated", "time"
+    abandoned: int = 0
+
+    def count(self, pass_no: int, what: str) -> None:
+        self.per_pass.setdefault(pass_no, Counter())[what] += 1
+
+
+class Batch:
+    """Runs the passes: schedules ids by the time they become ready, hands
+    them to worker threads, and settles every outcome in this one thread."""
+
+    def __init__(self, cfg: Config, ledger: Ledger, state: State, fx: Effects, redact: Redactor, say):
+        self.cfg, self.ledger, self.state, self.fx = cfg, ledger, state, fx
+        self.redact, self.say = redact, say
+        self.heap, self.seq = [], itertools.count()
+        self.jobs = queue.Queue()
+        self.outcomes = queue.SimpleQueue()  # put() is safe in a signal handler
+        self.inflight = 0
+        self.tally = Tally()
+        self.stop_at = None  # clock time to give up on requests in flight
+        self.end_at = None if cfg.max_time is None else fx.clock() + cfg.max_time
+        self.sleep = fx.sleep or self._idle_wait
+        self.started_passes = set()
+
+    # -- scheduling
+
+    def schedule(self, item: Item, ready_at: float) -> None:
+        heapq.heappush(self.heap, (ready_at, next(self.seq), item))
+
+    def request_stop(self, why: str) -> None:
+        """Stop starting requests; wait a little for those in flight."""
+        if not self.tally.stop:
+            self.tally.stop = why
+            grace = self.cfg.timeout if why == "time" else min(GRACE_SECONDS, self.cfg.timeout)
+            self.stop_at = self.fx.clock() + grace
+        self.outcomes.put(WAKE)
+
+    def run(self) -> Tally:
+        workers = [threading.Thread(target=self._work, daemon=True) for _ in range(self.cfg.concurrency)]
+        for worker in workers:
+            worker.start()
+        try:
+            while self.heap or self.inflight:
+                if self.end_at is not None and not self.tally.stop and self.fx.clock() >= self.end_at:
+                    self.request_stop("time")
+                if not self.tally.stop:
+                    self._launch_ready()
+                elif not self.inflight or self.fx.clock() >= self.stop_at:
+                    break
+                self._wait()
+        finally:
+            self.tally.abandoned = self.inflight
+            for _ in workers:
+                self.jobs.put(None)
+        return self.tally
+
+    def _launch_ready(self) -> None:
+        now = self.fx.clock()
+        while self.heap and self.inflight < self.cfg.concurrency and self.heap[0][0] <= now:
+            item = heapq.heappop(self.heap)[2]
+            if item.pass_no not in self.started_passes:
+                self.started_passes.add(item.pass_no)
+                if item.pass_no > 1:
+                    self.say(f"pass {item.pass_no}: re-driving ids that failed pass {item.pass_no - 1}")
+            self.inflight += 1
+            self.tally.requests += 1
+            self.jobs.put((item, build_url(self.cfg.url, item.id)))
+
+    def _wait(self) -> None:
+        """Block until an outcome arrives or the next id becomes ready."""
+        now = self.fx.clock()
+        limits = [self.stop_at] if self.tally.stop else []
+        if not self.tally.stop and self.heap and self.inflight < self.cfg.concurrency:
+            limits.append(self.heap[0][0])
+        if self.end_at is not None and not self.tally.stop:
+            limits.append(self.end_at)
+        timeout = max(0.0, min(limits) - now) if limits else None
+        if not self.inflight:
+            self.sleep(timeout or 0.0)
+            return
+        try:
+            message = self.outcomes.get(timeout=timeout)
+        except queue.Empty:
+            return
+        if message is not WAKE:
+            self.inflight -= 1
+            self.settle(*message)
+
+    def _idle_wait(self, seconds: float) -> None:
+        """The real sleep: wakes early when a signal asks the run to stop."""
+        try:
+            message = self.outcomes.get(timeout=seconds)
+        except queue.Empty:
+            return
+        if message is not WAKE:
+            raise AssertionError("an outcome arrived with nothing in flight")
+
+    def _work(self) -> None:
+        session = make_session(self.cfg)
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            item, url = job
+            self.outcomes.put((item, fetch(session, url, self.cfg, self.redact)))
+
+    # -- settling outcomes
+
+    def settle(self, item: Item, out: Outcome) -> None:
+        """Record what one attempt means for its id."""
+        item.tries += 1
+        if out.bucket is Bucket.OK:
+            self._succeed(item, out)
+        elif out.bucket is Bucket.FATAL:
+            if not self.tally.fatal:
+                self.tally.fatal, self.tally.fatal_id = out, item.id
+            self.request_stop("fatal")
+        elif out.bucket is Bucket.SKIP:
+            self._give_up(item, out)
+        elif not self.tally.stop:
+            self._retry_or_fail(item, out)
+
+    def _succeed(self, item: Item, out: Outcome) -> None:
+        record = {"id": item.id, "url": redact_url(build_url(self.cfg.url, item.id)),
+                  "status": out.status, "fetched_at": iso(self.fx.wallclock()), "body": out.body}
+        if out.final_url and out.final_url != build_url(self.cfg.url, item.id):
+            record["final_url"] = redact_url(out.final_url)
+        self.ledger.success(item.id, record)
+        self.state.done.add(item.id)
+        self.tally.count(item.pass_no, "done")
+
+    def _retry_or_fail(self, item: Item, out: Outcome) -> None:
+        wait = out.retry_after
+        if wait is not None and wait > self.cfg.max_backoff:
+            out.error += f", asked to wait {wait:g} s (over --max-backoff {self.cfg.max_backoff:g} s)"
+        elif item.tries < self.cfg.tries:
+            if wait is None:
+                wait = backoff_delay(item.tries, self.cfg.backoff, self.cfg.max_backoff, self.fx.rand)
+            self.schedule(item, self.fx.clock() + wait)
+            return
+        self._fail_pass(item, out)
+
+    def _fail_pass(self, item: Item, out: Outcome) -> None:
+        """This pass is over for the id: record it, then re-drive it or settle it."""
+        at = self.fx.wallclock()
+        record = {"id": item.id, "pass": item.pass_no, "bucket": out.bucket.value, "status": out.status,
+                  "error": out.error, "tries": item.tries, "at": iso(at)}
+        if out.retry_after is not None:
+            record["retry_after"] = out.retry_after
+        self.ledger.record("failed.jsonl", record)
+        self.state.failed[item.id] = record
+        if item.pass_no >= self.cfg.passes:
+            self._give_up(item, out)
+            return
+        self.tally.count(item.pass_no, "failed")
+        wait = max(self.cfg.cooldown, out.retry_after or 0.0)
+        self.schedule(Item(item.id, item.pass_no + 1), self.fx.clock() + wait)
+
+    def _give_up(self, item: Item, out: Outcome) -> None:
+        record = unavailable_record(item.id, out.error, out.status, out.bucket, item.tries,
+                                    self.fx.wallclock(), self.cfg.passes)
+        self.ledger.record("unavailable.jsonl", record)
+        self.state.unavailable[item.id] = record
+        self.tally.count(item.pass_no, "unavailable")
+
+
+def unavailable_record(item_id, reason, status, bucket, tries, at, passes) -> dict:
+    return {"id": item_id, "reason": reason, "status": status, "bucket": bucket.value,
+            "tries": tries, "at": iso(at), "action": recommend(bucket, status, reason, passes)}
+
+
+def plan(ids: list, state: State, cfg: Config, batch: Batch, ledger: Ledger, fx: Effects) -> None:
+    """Put every unsettled id on the schedule at the pass it reached."""
+    now, wall = fx.clock(), fx.wallclock()
+    for item_id in ids:
+        if item_id in state.done:
+            continue
+        if item_id in state.unavailable and not cfg.retry_unavailable:
+            continue
+        last = latest_failure(state, item_id)
+        if last is None:
+            batch.schedule(Item(item_id), now)
+        elif last["pass"] >= cfg.passes:
+            settle_exhausted(item_id, last, ledger, state, cfg, wall)
+        else:
+            wait = max(cfg.cooldown, last.get("retry_after") or 0.0)
+            ready = now + max(0.0, parse_iso(last["at"]) + wait - wall)
+            batch.schedule(Item(item_id, last["pass"] + 1), ready)
+
+
+def settle_exhausted(item_id, last, ledger, state, cfg, wall) -> None:
+    """An id that failed its last pass but was never moved on (a kill, or fewer --passes)."""
+    record = unavailable_record(item_id, last["error"], last["status"], Bucket(last["bucket"]),
+                                last["tries"], wall, cfg.passes)
+    ledger.record("unavailable.jsonl", record)
+    state.unavailable[item_id] = record
+
+
+# ----------------------------------------------------------------- report
+
+
+def summarize(ids: list, duplicates: int, state: State, tally: Tally, elapsed: float, cfg: Config) -> list:
+    """The end-of-run summary, as lines for stderr."""
+    done = sum(1 for i in ids if i in state.done)
+    unavailable = [i for i in ids if i not in state.done and i in state.unavailable]
+    failed = [i for i in ids if i not in state.done and i not in state.unavailable and i in state.failed]
+    pending = len(ids) - done - len(unavailable) - len(failed)
+    dup = f" ({duplicates} duplicate line{'s' if duplicates != 1 else ''} ignored)" if duplicates else ""
+    reasons = Counter(state.unavailable[i]["reason"] for i in unavailable)
+    lines = [f"redrive: {len(ids)} ids{dup}, {tally.requests} requests in {elapsed:.1f} s",
+             f"  done         {done:>7}",
+             f"  unavailable  {len(unavailable):>7}  " + ", ".join(f"{n} x {r}" for r, n in reasons.most_common()),
+             f"  failed       {len(failed):>7}  (waiting for pass {cfg.passes} or later)" if failed
+             else f"  failed       {0:>7}",
+             f"  pending      {pending:>7}"]
+    for pass_no in sorted(tally.per_pass):
+        counts = tally.per_pass[pass_no]
+        lines.append(f"  pass {pass_no}: " + ", ".join(f"{counts[k]} {k}" for k in ("done", "failed", "unavailable")
+                                                     if counts[k]))
+    lines += unavailable_lines([state.unavailable[i] for i in unavailable])
+    return lines
+
+
+def unavailable_lines(records: list) -> list:
+    if not records:
+        return []
+    lines = ["unavailable ids (reason: action):"]
+    lines += [f"  {r['id']}: {r['reason']}: {r['action']}" for r in records[:LISTED_UNAVAILABLE]]
+    if len(records) > LISTED_UNAVAILABLE:
+        lines.append(f"  ... and {len(records) - LISTED_UNAVAILABLE} more: see unavailable.jsonl")
+    return lines
+
+
+def exit_code(ids: list, state: State, tally: Tally) -> ExitCode:
+    stops = {"fatal": ExitCode.FATAL, "interrupted": ExitCode.INTERRUPTED, "terminated": ExitCode.TERMINATED}
+    if tally.stop in stops:
+        return stops[tally.stop]
+    settled = all(i in state.done or i in state.unavailable for i in ids)
+    return ExitCode.OK if settled else ExitCode.INCOMPLETE
+
+
+def stop_lines(tally: Tally, cfg: Config, redact: Redactor) -> list:
+    """What to say about a run that stopped early, and what to do next."""
+    if tally.stop == "fatal":
+        out = tally.fatal
+        return [f"redrive: halted: {out.error} for {tally.fatal_id!r} "
+                f"({redact(redact_url(build_url(cfg.url, tally.fatal_id)))})",
+                f"  body: {out.excerpt!r}",
+                "  nothing was marked failed; fix the key or the account, then rerun the same command to resume"]
+    if tally.stop in ("interrupted", "terminated"):
+        return [f"redrive: {tally.stop}; {tally.abandoned} request(s) still in flight were left pending; "
+                "rerun the same command to resume"]
+    if tally.stop == "time":
+        return [f"redrive: --max-time {cfg.max_time:g} s reached; rerun the same command to resume"]
+    return []
+
+
+# ------------------------------------------------------------------- lock
+
+
+class RunLock:
+    """An exclusive flock on STATE_DIR/lock: no two runs share a state dir.
+    The kernel drops the lock when its process dies, so a stale lock never blocks."""
+
+    def __init__(self, state_dir: Path):
+        self.path = state_dir / "lock"
+        self.fd = None
+
+    def __enter__(self):
+        try:
+            import fcntl
+        except ImportError:  # not on POSIX: no lock, nothing else changes
+            return self
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(self.fd, 200).decode("utf-8", "replace").strip() or "pid ?, started ?"
+            os.close(self.fd)
+            raise RedriveError(f"another run ({holder}) is using {self.path.parent}", ExitCode.LOCKED) from None
+        os.ftruncate(self.fd, 0)
+        os.write(self.fd, f"pid {os.getpid()}, started {iso(time.time())}\n".encode())
+        return self
+
+    def __exit__(self, *exc):
+        if self.fd is not None:
+            os.close(self.fd)
+
+
+# ------------------------------------------------------------------- demo
+
+
+class DemoHandler(http.server.BaseHTTPRequestHandler):
+    """A small API that misbehaves the way real ones do, chosen by the id's hash."""
+
+    def do_GET(self):
+        item_id = self.path.rsplit("/", 1)[-1]
+        with self.server.lock:
+            self.server.hits[item_id] += 1
+            hit = self.server.hits[item_id]
+        time.sleep(0.04 + len(item_id) % 7 / 100)
+        self.reply(*demo_reply(item_id, hit))
+
+    def reply(self, status: int, body: bytes, headers: dict) -> None:
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def demo_reply(item_id: str, hit: int) -> tuple:
+    """(status, body, headers) for the hit-th request of an id."""
+    kind = int(hashlib.sha256(item_id.encode()).hexdigest(), 16) % 25
+    if kind in (0, 1):
+        return 404, b'{"error": "not found"}', {"Content-Type": "application/json"}
+    if kind in (2, 3) and hit == 1:
+        return 429, b'{"error": "slow down"}', {"Retry-After": "1", "Content-Type": "application/json"}
+    if kind in (4, 5) and hit <= 2:
+        return 503, b"<html>busy</html>", {"Content-Type": "text/html"}
+    if kind in (8, 9) and hit <= 4:  # outlasts pass one's tries, recovers in pass two
+        return 503, b"<html>maintenance</html>", {"Content-Type": "text/html"}
+    if kind == 6 and hit == 1:
+        return 200, b"", {"Content-Type": "application/json"}
+    if kind == 7:
+        return 500, b"<html>internal error</html>", {"Content-Type": "text/html"}
+    body = json.dumps({"id": item_id, "title": f"Item {item_id}", "price": 10 + kind}).encode()
+    return 200, body, {"Content-Type": "application/json"}
+
+
+def start_demo_server() -> http.server.ThreadingHTTPServer:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), DemoHandler)
+    server.daemon_threads = True
+    server.hits, server.lock = Counter(), threading.Lock()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+# -------------------------------------------------------------------- CLI
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as a RedriveError, not sys.exit."""
+
+    def error(self, message):
+        raise RedriveError(f"{message}; see --help")
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"give a whole number of at least 1, not {text!r}")
+    return value
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"give a number of seconds such as 1.5, not {text!r}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    value = seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"give a number of seconds above 0, not {text!r}")
+    return value
+
+
+def status_codes(text: str) -> frozenset:
+    try:
+        return parse_codes(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give HTTP statuses such as 429,500-599, not {text!r}") from None
+
+EXAMPLES = """examples:
+  python redrive.py sample_ids.txt --demo
+  API_KEY=... python redrive.py ids.txt --url 'https://api.example.com/items/{id}' -H 'X-API-Key: ${API_KEY}' -q
+"""
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="redrive.py", description="Finish a batch of HTTP requests: resumable, two passes, "
+               "every missing id reported with its reason.", epilog=EXAMPLES,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("ids_file", metavar="IDS_FILE", type=Path, help="one id (or full URL) per line")
+    p.add_argument("--url", default="{id}", metavar="TEMPLATE", help="request URL with {id} (default: the id is the URL)")
+    p.add_argument("-H", "--header", action="append", default=[], metavar="'NAME: VALUE'",
+                   help="extra header, repeatable; ${VAR} is read from the environment")
+    p.add_argument("--state-dir", type=Path, metavar="DIR", help="default: IDS_FILE without extension + .redrive")
+    p.add_argument("--concurrency", type=positive_int, default=4, metavar="N", help="worker threads (4)")
+    p.add_argument("--timeout", type=positive_seconds, default=30.0, metavar="S", help="whole-attempt limit (30)")
+    p.add_argument("--tries", type=positive_int, default=5, metavar="N", help="attempts per pass (5)")
+    p.add_argument("--passes", type=positive_int, default=2, metavar="N", help="passes over failures (2)")
+    p.add_argument("--backoff", type=seconds, default=1.0, metavar="S", help="first backoff, doubling (1)")
+    p.add_argument("--max-backoff", type=seconds, default=60.0, metavar="S", help="backoff cap (60)")
+    p.add_argument("--cooldown", type=seconds, default=30.0, metavar="S", help="wait before a failure's next pass (30)")
+    p.add_argument("--fatal", type=status_codes, metavar="CODES", help="statuses that halt the job (401,402)")
+    p.add_argument("--retry", type=status_codes, metavar="CODES", help="statuses to retry (408,429,5xx but 501,505)")
+    p.add_argument("--skip", type=status_codes, metavar="CODES", help="statuses to settle as unavailable (400,404,410)")
+    p.add_argument("--retry-unavailable", action="store_true", help="bring unavailable ids back for this run")
+    p.add_argument("--max-time", type=positive_seconds, metavar="S", help="start no request after S seconds; exit 1")
+    p.add_argument("-q", "--quiet", action="store_true", help="print nothing unless the exit code is not 0")
+    p.add_argument("--demo", action="store_true", help="run against a built-in misbehaving local API")
+    p.add_argument("--version", action="version", version=f"redrive {__version__}")
+    return p
+
+
+def config_from_args(args, environ) -> Config:
+    """Turn parsed options into the one frozen Config, checking what argparse cannot."""
+    state_dir = args.state_dir or args.ids_file.with_name(args.ids_file.stem + ".redrive")
+    fatal, retry, skip = resolve_buckets(args.fatal, args.retry, args.skip)
+    cfg = Config(ids_file=args.ids_file, state_dir=state_dir, url=args.url,
+                 headers=tuple(parse_header(h, environ) for h in args.header),
+                 concurrency=args.concurrency, timeout=args.timeout, tries=args.tries,
+                 passes=args.passes, backoff=args.backoff, max_backoff=args.max_backoff,
+                 cooldown=args.cooldown, fatal=fatal, retry=retry, skip=skip,
+                 retry_unavailable=args.retry_unavailable, max_time=args.max_time, quiet=args.quiet)
+    return cfg
+
+
+def demo_config(cfg: Config, url_given: bool) -> tuple:
+    """The demo: a local server and short delays, the normal code path."""
+    if url_given:
+        raise RedriveError("--demo brings its own server; leave out --url")
+    server = start_demo_server()
+    url = f"http://127.0.0.1:{server.server_address[1]}/items/{{id}}"
+    return server, dataclasses.replace(cfg, url=url, tries=3, backoff=0.2, max_backoff=2.0, cooldown=2.0, timeout=5.0)
+
+
+def prepare_state_dir(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RedriveError(f"{path}: cannot create the state dir ({exc.strerror}); pick another --state-dir") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise RedriveError(f"{path}: state dir is not writable; fix its permissions or pick another --state-dir")
+
+
+class StopSignals:
+    """SIGINT and SIGTERM ask the batch to stop; a second one exits at once.
+    Every line is already written with os.write, so nothing flushed is lost."""
+
+    CODES = {signal.SIGINT: ("interrupted", ExitCode.INTERRUPTED),
+             signal.SIGTERM: ("terminated", ExitCode.TERMINATED)}
+
+    def __init__(self, batch: Batch):
+        self.batch, self.saved, self.seen = batch, {}, False
+
+    def handle(self, signum, frame):
+        why, code = self.CODES[signum]
+        if self.seen:
+            os._exit(int(code))
+        self.seen = True
+        self.batch.request_stop(why)
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.CODES:
+                self.saved[signum] = signal.signal(signum, self.handle)
+        return self
+
+    def __exit__(self, *exc):
+        for signum, handler in self.saved.items():
+            signal.signal(signum, handler)
+
+
+def run(cfg: Config, fx: Effects, err) -> ExitCode:
+    """Load the state, run the passes, report. Raises RedriveError for setup problems."""
+    say = (lambda line: None) if cfg.quiet else (lambda line: print(line, file=err, flush=True))
+    started = fx.clock()
+    ids, duplicates = read_ids(cfg.ids_file)
+    redact = Redactor([v for _, v in cfg.headers] + [v for v in secret_query_values(cfg.url)])
+    check_urls(cfg, ids, redact)
+    prepare_state_dir(cfg.state_dir)
+    with RunLock(cfg.state_dir):
+        state = load_state(cfg.state_dir)
+        ledger = Ledger(cfg.state_dir)
+        ledger.open()
+        try:
+            for note in state.repairs:
+                print(f"redrive: warning: {note}", file=err)
+            complete_lost_done(state, ledger)
+            batch = Batch(cfg, ledger, state, fx, redact, say)
+            plan(ids, state, cfg, batch, ledger, fx)
+            say(f"redrive: {len(ids)} ids, {len(batch.heap)} to fetch, state in {cfg.state_dir}")
+            with StopSignals(batch):
+                tally = batch.run()
+        finally:
+            ledger.close()
+    code = exit_code(ids, state, tally)
+    lines = stop_lines(tally, cfg, redact) + summarize(ids, duplicates, state, tally, fx.clock() - started, cfg)
+    if code != ExitCode.OK or not cfg.quiet:
+        print("\n".join(lines), file=err, flush=True)
+    return code
+
+
+def secret_query_values(url: str) -> list:
+    """Values of key-like query parameters in the template, to scrub from output."""
+    pairs = (p.partition("=") for p in urlsplit(url).query.split("&"))
+    return [value for name, eq, value in pairs if eq and SECRET_NAME.search(name)]
+
+
+def main(argv=None, *, fx: Effects = Effects(), err=None, environ=None) -> int:
+    """The command line: parse, run, map every user error to its exit code."""
+    err = err or sys.stderr
+    environ = os.environ if environ is None else environ
+    server = None
+    try:
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as exc:  # --help and --version
+            return int(exc.code or 0)
+        cfg = config_from_args(args, environ)
+        if args.demo:
+            server, cfg = demo_config(cfg, args.url != "{id}")
+        return int(run(cfg, fx, err))
+    except RedriveError as exc:
+        print(f"redrive: error: {exc}", file=err)
+        return int(exc.code)
+    except KeyboardInterrupt:
+        print("redrive: interrupted before the run started; nothing was written", file=err)
+        return int(ExitCode.INTERRUPTED)
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
