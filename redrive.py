@@ -92,6 +92,9 @@ LISTED_UNAVAILABLE = 20
 #: Bytes of a fatal response's body shown to the user.
 EXCERPT_CHARS = 200
 
+#: Bytes read from an error response, so that its connection can be reused.
+ERROR_BODY_BYTES = 65536
+
 READ_CHUNK = 65536
 STATE_FILES = ("results.jsonl", "done.txt", "failed.jsonl", "unavailable.jsonl")
 
@@ -640,45 +643,42 @@ def make_session(cfg: Config) -> GuardedSession:
     return session
 
 
-def fetch(session: GuardedSession, url: str, cfg: Config, redact: Redactor) -> Outcome:
+def fetch(session: GuardedSession, url: str, cfg: Config, redact: Redactor, now: Callable[[], float]) -> Outcome:
     """One attempt. Every HTTP or network failure comes back as an Outcome."""
     session.origin = origin_of(url)
     deadline = time.monotonic() + cfg.timeout
     try:
         with session.get(url, timeout=cfg.timeout, stream=True) as resp:
             bucket = classify_status(resp.status_code, cfg)
-            if bucket is Bucket.OK or bucket is Bucket.FATAL:
-                raw = read_body(resp, cfg.max_bytes, deadline)
-            else:
-                raw = b""
+            wanted = bucket is Bucket.OK or bucket is Bucket.FATAL
+            raw = read_body(resp, cfg.max_bytes if wanted else ERROR_BODY_BYTES, deadline)
     except (requests.RequestException, AttemptTimeout) as exc:
         bucket, reason = classify_exception(exc, cfg.timeout)
         return Outcome(bucket, error=reason)
-    except BodyTooLarge:
+    if raw is None and bucket is Bucket.OK:
         return Outcome(Bucket.SKIP, resp.status_code, f"body over {cfg.max_bytes} bytes")
-    return interpret(resp, raw, bucket, redact)
+    return interpret(resp, raw or b"", bucket, redact, now())
 
 
-class BodyTooLarge(Exception):
-    """The body grew past --max-bytes; reading stopped there."""
+def read_body(resp: requests.Response, max_bytes: int, deadline: float) -> Optional[bytes]:
+    """Read the body in pieces as they arrive, within the deadline.
 
-
-def read_body(resp: requests.Response, max_bytes: int, deadline: float) -> bytes:
-    """Read the body in pieces as they arrive, within the size cap and the deadline."""
+    Returns None once it grows past max_bytes: reading stops there.
+    """
     read = getattr(resp.raw, "read1", None)
     chunks = iter(lambda: read(READ_CHUNK, decode_content=True), b"") if read else resp.iter_content(READ_CHUNK)
     body, size = [], 0
     for chunk in chunks:
         size += len(chunk)
         if size > max_bytes:
-            raise BodyTooLarge()
+            return None
         if time.monotonic() > deadline:
             raise AttemptTimeout()
         body.append(chunk)
     return b"".join(body)
 
 
-def interpret(resp: requests.Response, raw: bytes, bucket: Bucket, redact: Redactor) -> Outcome:
+def interpret(resp: requests.Response, raw: bytes, bucket: Bucket, redact: Redactor, now: float) -> Outcome:
     """Turn a status and a body into an Outcome: a 2xx must carry a real body."""
     status = resp.status_code
     final = resp.url if resp.history else None
@@ -686,7 +686,7 @@ def interpret(resp: requests.Response, raw: bytes, bucket: Bucket, redact: Redac
         excerpt = redact(decode(raw, resp)[:EXCERPT_CHARS].replace("\n", " "))
         return Outcome(bucket, status, status_reason(status), excerpt=excerpt)
     if bucket is not Bucket.OK:
-        wait = parse_retry_after(resp.headers.get("Retry-After"), time.time())
+        wait = parse_retry_after(resp.headers.get("Retry-After"), now)
         return Outcome(bucket, status, status_reason(status), retry_after=wait)
     if not raw.strip():
         return Outcome(Bucket.RETRYABLE, status, "empty body")
@@ -826,7 +826,7 @@ class Batch:
             if job is None:
                 return
             item, url = job
-            self.outcomes.put((item, fetch(session, url, self.cfg, self.redact)))
+            self.outcomes.put((item, fetch(session, url, self.cfg, self.redact, self.fx.wallclock)))
 
     # -- settling outcomes
 
@@ -933,7 +933,8 @@ def summarize(ids: list, duplicates: int, state: State, tally: Tally, elapsed: f
     reasons = Counter(state.unavailable[i]["reason"] for i in unavailable)
     lines = [f"redrive: {len(ids)} ids{dup}, {tally.requests} requests in {elapsed:.1f} s",
              f"  done         {done:>7}",
-             f"  unavailable  {len(unavailable):>7}  " + ", ".join(f"{n} x {r}" for r, n in reasons.most_common()),
+             f"  unavailable  {len(unavailable):>7}" + "".join(f"{', ' if k else '  '}{n} x {r}"
+                                                           for k, (r, n) in enumerate(reasons.most_common())),
              f"  failed       {len(failed):>7}  (waiting for pass {cfg.passes} or later)" if failed
              else f"  failed       {0:>7}",
              f"  pending      {pending:>7}"]
@@ -1016,13 +1017,15 @@ class RunLock:
 
 class DemoHandler(http.server.BaseHTTPRequestHandler):
     """A small API that misbehaves the way real ones do, chosen by the id's hash."""
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body leave at once, no delayed-ACK stall
 
     def do_GET(self):
         item_id = self.path.rsplit("/", 1)[-1]
         with self.server.lock:
             self.server.hits[item_id] += 1
             hit = self.server.hits[item_id]
-        time.sleep(0.04 + len(item_id) % 7 / 100)
+        time.sleep(0.1 + int(hashlib.sha256(item_id.encode()).hexdigest(), 16) % 5 * 0.05)
         self.reply(*demo_reply(item_id, hit))
 
     def reply(self, status: int, body: bytes, headers: dict) -> None:
@@ -1056,11 +1059,17 @@ def demo_reply(item_id: str, hit: int) -> tuple:
     return 200, body, {"Content-Type": "application/json"}
 
 
-def start_demo_server() -> http.server.ThreadingHTTPServer:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), DemoHandler)
-    server.daemon_threads = True
+class DemoServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        pass  # a client hanging up is part of the show, not news
+
+
+def start_demo_server() -> DemoServer:
+    server = DemoServer(("127.0.0.1", 0), DemoHandler)
     server.hits, server.lock = Counter(), threading.Lock()
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     return server
 
 
@@ -1212,9 +1221,9 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
         ledger = Ledger(cfg.state_dir)
         ledger.open()
         try:
+            complete_lost_done(state, ledger)
             for note in state.repairs:
                 print(f"redrive: warning: {note}", file=err)
-            complete_lost_done(state, ledger)
             batch = Batch(cfg, ledger, state, fx, redact, say)
             plan(ids, state, cfg, batch, ledger, fx)
             say(f"redrive: {len(ids)} ids, {len(batch.heap)} to fetch, state in {cfg.state_dir}")

@@ -1,0 +1,729 @@
+"""Tests for redrive.py: a real HTTP server on 127.0.0.1, real files, real
+subprocesses and signals; the clock, the sleep and the randomness injected."""
+
+import email.utils
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+
+import redrive
+from redrive import Bucket, Config, Effects, ExitCode
+
+HERE = Path(__file__).resolve().parent
+SECRET = "s3cr3t-key-value-0042"
+
+
+# ------------------------------------------------------------ test server
+
+
+class Handler(BaseHTTPRequestHandler):
+    """Plays the scripted replies of each id, one per request; the last repeats."""
+
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # no 40 ms delayed-ACK stall between headers and body
+
+    def do_GET(self):
+        server = self.server
+        path = self.path.split("?", 1)[0]
+        item = unquote(path.split("/items/", 1)[-1]) if "/items/" in path else path
+        with server.lock:
+            server.hits[item] += 1
+            server.paths.append(self.path)
+            server.seen_headers.append(dict(self.headers))
+            steps = server.replies.get(item, [200])
+            step = steps[min(server.hits[item], len(steps)) - 1]
+        self.play(step, item)
+
+    def play(self, step, item):
+        if callable(step):
+            step = step()
+        if step == "drop":
+            self.close_connection = True
+            return
+        if isinstance(step, tuple) and step[0] == "sleep":
+            time.sleep(step[1])
+            step = step[2]
+        if isinstance(step, int):
+            body = json.dumps({"id": item}).encode() if 200 <= step < 300 else b"nope"
+            step = (step, body, {"Content-Type": "application/json"})
+        status, body, headers = step
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def start_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    server.replies, server.hits, server.paths, server.seen_headers = {}, Counter(), [], []
+    server.lock = threading.Lock()
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    server.base = f"http://127.0.0.1:{server.server_address[1]}"
+    server.template = server.base + "/items/{id}"
+    return server, thread
+
+
+@pytest.fixture
+def server():
+    srv, thread = start_server()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+    thread.join()
+
+
+@pytest.fixture(autouse=True)
+def no_proxy(monkeypatch):
+    for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+class FakeTime:
+    """A clock that moves only when the code under test sleeps."""
+
+    def __init__(self, rand=0.5):
+        self.now, self.sleeps, self.rand = 1000.0, [], rand
+
+    def clock(self):
+        return self.now
+
+    def wallclock(self):
+        return 1_700_000_000.0 + self.now
+
+    def sleep(self, seconds):
+        self.sleeps.append(round(seconds, 6))
+        self.now += seconds
+
+    def effects(self):
+        return Effects(clock=self.clock, wallclock=self.wallclock, sleep=self.sleep, rand=lambda: self.rand)
+
+
+def write_ids(tmp_path, ids, name="ids.txt"):
+    path = tmp_path / name
+    path.write_text("".join(f"{i}\n" for i in ids), encoding="utf-8")
+    return path
+
+
+def run_cli(argv, fake=None, environ=None):
+    """main(argv) in-process: (exit code, stderr text, fake time)."""
+    fake = fake or FakeTime()
+    err = io.StringIO()
+    code = redrive.main([str(a) for a in argv], fx=fake.effects(), err=err, environ=environ or {})
+    return code, err.getvalue(), fake
+
+
+def crawl(server, tmp_path, ids, *extra, fake=None, environ=None):
+    ids_file = write_ids(tmp_path, ids)
+    argv = [ids_file, "--url", server.template, "--concurrency", "1", *extra]
+    return run_cli(argv, fake, environ)
+
+
+def state(tmp_path, name, stem="ids"):
+    path = tmp_path / f"{stem}.redrive" / name
+    if not path.exists():
+        return []
+    if name.endswith(".jsonl"):
+        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def all_output(tmp_path):
+    """Every byte redrive wrote into the tmp dir, as text."""
+    return "".join(p.read_text(encoding="utf-8", errors="replace") for p in tmp_path.rglob("*") if p.is_file())
+
+
+def summary_count(err, label):
+    """The number on the summary line that starts with label."""
+    [number] = re.findall(rf"^  {label} +(\d+)", err, re.M)
+    return int(number)
+
+
+def redrive_cmd(*args):
+    return [sys.executable, str(HERE / "redrive.py"), *map(str, args)]
+
+
+# --------------------------------------------------------- pure functions
+
+
+@pytest.mark.parametrize("status, bucket", [
+    (200, Bucket.OK), (204, Bucket.OK), (401, Bucket.FATAL), (402, Bucket.FATAL),
+    (408, Bucket.RETRYABLE), (429, Bucket.RETRYABLE), (500, Bucket.RETRYABLE), (503, Bucket.RETRYABLE),
+    (599, Bucket.RETRYABLE), (501, Bucket.SKIP), (505, Bucket.SKIP), (404, Bucket.SKIP),
+    (400, Bucket.SKIP), (410, Bucket.SKIP), (403, Bucket.SKIP), (418, Bucket.SKIP), (301, Bucket.SKIP),
+])
+def test_classify_status_default_buckets(status, bucket):
+    assert redrive.classify_status(status, Config(Path("i"), Path("s"))) is bucket
+
+
+@pytest.mark.parametrize("attempt, rand, expected", [
+    (1, 0.0, 0.5), (1, 1.0, 1.0), (2, 0.5, 1.5), (3, 0.5, 3.0), (10, 1.0, 60.0), (10, 0.0, 30.0),
+])
+def test_backoff_delay_doubles_with_equal_jitter_and_cap(attempt, rand, expected):
+    assert redrive.backoff_delay(attempt, 1.0, 60.0, lambda: rand) == expected
+
+
+NOW = 1_700_000_000.0
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("7", 7.0), (" 120 ", 120.0), ("0", 0.0), (None, None), ("", None), ("soon", None), ("-3", None),
+    (email.utils.formatdate(NOW + 42, usegmt=True), 42.0),
+    (email.utils.formatdate(NOW - 42, usegmt=True), 0.0),
+])
+def test_parse_retry_after_both_forms(value, expected):
+    assert redrive.parse_retry_after(value, NOW) == expected
+
+
+@pytest.mark.parametrize("url, expected", [
+    ("https://a.example/x?id=1&api_key=abc", "https://a.example/x?id=1&api_key=REDACTED"),
+    ("https://a.example/x?token=t&sig=s&q=ok", "https://a.example/x?token=REDACTED&sig=REDACTED&q=ok"),
+    ("https://user:pw@a.example/x", "https://user:REDACTED@a.example/x"),
+    ("https://a.example/x?page=2", "https://a.example/x?page=2"),
+])
+def test_redact_url_hides_key_like_parameters(url, expected):
+    assert redrive.redact_url(url) == expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("429", {429}), ("429, 503", {429, 503}), ("500-503", {500, 501, 502, 503}),
+])
+def test_parse_codes(text, expected):
+    assert redrive.parse_codes(text) == frozenset(expected)
+
+
+@pytest.mark.parametrize("text", ["", "abc", "99", "600", "503-500"])
+def test_parse_codes_rejects_junk(text):
+    with pytest.raises(ValueError):
+        redrive.parse_codes(text)
+
+
+def test_a_code_given_to_one_option_leaves_the_default_of_another():
+    fatal, retry, skip = redrive.resolve_buckets(None, None, redrive.parse_codes("503"))
+    assert 503 in skip and 503 not in retry and 500 in retry and fatal == redrive.FATAL_STATUSES
+
+
+def test_template_percent_encodes_the_id():
+    assert redrive.build_url("https://a.example/i/{id}?x=1", "a/b?c=d&e") == \
+        "https://a.example/i/a%2Fb%3Fc%3Dd%26e?x=1"
+
+
+# ------------------------------------------------------------------ buckets
+
+
+def test_success_stores_result_then_done(server, tmp_path):
+    code, err, _ = crawl(server, tmp_path, ["a1", "b2"])
+    assert code == ExitCode.OK
+    results = state(tmp_path, "results.jsonl")
+    assert [r["id"] for r in results] == ["a1", "b2"]
+    assert set(results[0]) == {"id", "url", "status", "fetched_at", "body"}
+    assert results[0]["body"] == {"id": "a1"} and results[0]["status"] == 200
+    assert results[0]["url"] == server.base + "/items/a1"
+    assert state(tmp_path, "done.txt") == ["a1", "b2"]
+    assert summary_count(err, "done") == 2
+
+
+def test_text_body_is_stored_as_text(server, tmp_path):
+    server.replies["t"] = [(200, "héllo".encode(), {"Content-Type": "text/plain; charset=utf-8"})]
+    assert crawl(server, tmp_path, ["t"])[0] == ExitCode.OK
+    assert state(tmp_path, "results.jsonl")[0]["body"] == "héllo"
+
+
+def test_404_is_unavailable_and_never_retried(server, tmp_path):
+    server.replies["gone"] = [404]
+    code, err, fake = crawl(server, tmp_path, ["gone", "ok"])
+    assert code == ExitCode.OK
+    assert server.hits["gone"] == 1 and fake.sleeps == []
+    [record] = state(tmp_path, "unavailable.jsonl")
+    assert record["id"] == "gone" and record["status"] == 404 and record["bucket"] == "skip"
+    assert record["reason"] == "404 Not Found"
+    assert record["action"] == "removed upstream (404): drop it from the input list"
+    assert state(tmp_path, "failed.jsonl") == []
+    assert "gone: 404 Not Found: removed upstream" in err
+    assert crawl(server, tmp_path, ["gone", "ok"])[0] == ExitCode.OK
+    assert server.hits["gone"] == 1
+
+
+def test_unknown_status_fails_closed_as_skip(server, tmp_path):
+    server.replies["tea"] = [418]
+    assert crawl(server, tmp_path, ["tea"])[0] == ExitCode.OK
+    assert server.hits["tea"] == 1
+    assert state(tmp_path, "unavailable.jsonl")[0]["reason"] == "418 I'm a Teapot"
+
+
+def test_401_halts_at_once_and_marks_nothing_failed(server, tmp_path):
+    server.replies["b"] = [(401, b'{"error": "bad key"}', {"Content-Type": "application/json"})]
+    code, err, _ = crawl(server, tmp_path, ["a", "b", "c", "d"])
+    assert code == ExitCode.FATAL
+    assert server.hits == Counter({"a": 1, "b": 1})
+    assert state(tmp_path, "done.txt") == ["a"]
+    assert state(tmp_path, "failed.jsonl") == [] and state(tmp_path, "unavailable.jsonl") == []
+    assert "401 Unauthorized" in err and "bad key" in err and "rerun" in err
+    server.replies["b"] = [200]
+    code, _, _ = crawl(server, tmp_path, ["a", "b", "c", "d"])
+    assert code == ExitCode.OK
+    assert server.hits == Counter({"a": 1, "b": 2, "c": 1, "d": 1})
+
+
+def test_402_is_fatal_and_fatal_codes_are_configurable(server, tmp_path):
+    server.replies["a"] = [402]
+    assert crawl(server, tmp_path, ["a", "b"])[0] == ExitCode.FATAL
+    assert server.hits["b"] == 0
+    server.replies["b"] = [403]
+    assert crawl(server, tmp_path, ["b"], "--fatal", "403", "--state-dir", tmp_path / "s2")[0] == ExitCode.FATAL
+
+
+def test_503_twice_then_ok_backs_off_exactly(server, tmp_path):
+    server.replies["f"] = [503, 503, 200]
+    code, _, fake = crawl(server, tmp_path, ["f"])
+    assert code == ExitCode.OK
+    assert fake.sleeps == [0.75, 1.5]
+    assert server.hits["f"] == 3
+    assert state(tmp_path, "failed.jsonl") == []
+
+
+def test_backoff_settings_shape_the_waits(server, tmp_path):
+    server.replies["f"] = [500, 500, 500, 200]
+    code, _, fake = crawl(server, tmp_path, ["f"], "--backoff", "0.5", "--max-backoff", "1.5", fake=FakeTime(rand=1.0))
+    assert code == ExitCode.OK
+    assert fake.sleeps == [0.5, 1.0, 1.5]
+
+
+def test_retry_after_seconds_is_honoured(server, tmp_path):
+    server.replies["t"] = [(429, b"", {"Retry-After": "7"}), 200]
+    code, _, fake = crawl(server, tmp_path, ["t"])
+    assert code == ExitCode.OK and fake.sleeps == [7.0]
+
+
+def test_retry_after_http_date_is_honoured(server, tmp_path):
+    fake = FakeTime()
+    when = email.utils.formatdate(fake.wallclock() + 9, usegmt=True)
+    server.replies["t"] = [(503, b"", {"Retry-After": when}), 200]
+    code, _, fake = crawl(server, tmp_path, ["t"], fake=fake)
+    assert code == ExitCode.OK and fake.sleeps == [9.0]
+
+
+def test_retry_after_over_max_backoff_ends_the_pass_instead_of_sleeping(server, tmp_path):
+    server.replies["t"] = [(429, b"", {"Retry-After": "120"}), 200]
+    code, _, fake = crawl(server, tmp_path, ["t"], "--max-backoff", "60", "--cooldown", "30")
+    assert code == ExitCode.OK
+    [failed] = state(tmp_path, "failed.jsonl")
+    assert failed["pass"] == 1 and failed["status"] == 429 and failed["tries"] == 1
+    assert failed["retry_after"] == 120.0 and "120 s" in failed["error"]
+    assert fake.sleeps == [120.0]  # the next pass waits what the server asked, not the 30 s cool-down
+    assert server.hits["t"] == 2
+
+
+def test_tries_cap_then_pass_two_redrives_only_failures(server, tmp_path):
+    server.replies["flaky"] = [500, 500, 200]
+    code, err, fake = crawl(server, tmp_path, ["ok1", "flaky", "ok2"], "--tries", "2", "--cooldown", "30")
+    assert code == ExitCode.OK
+    assert server.hits == Counter({"ok1": 1, "flaky": 3, "ok2": 1})
+    [failed] = state(tmp_path, "failed.jsonl")
+    assert failed == {"id": "flaky", "pass": 1, "bucket": "retryable", "status": 500,
+                      "error": "500 Internal Server Error", "tries": 2, "at": failed["at"]}
+    assert fake.sleeps == [0.75, 30.0]
+    assert state(tmp_path, "done.txt") == ["ok1", "ok2", "flaky"]
+    assert "pass 2: re-driving" in err and "pass 2: 1 done" in err
+
+
+def test_still_failing_after_the_last_pass_is_unavailable_with_reason_and_action(server, tmp_path):
+    server.replies["bad"] = [500]
+    code, err, fake = crawl(server, tmp_path, ["bad"], "--tries", "2", "--passes", "3", "--cooldown", "5")
+    assert code == ExitCode.OK
+    assert server.hits["bad"] == 6
+    assert [f["pass"] for f in state(tmp_path, "failed.jsonl")] == [1, 2, 3]
+    [record] = state(tmp_path, "unavailable.jsonl")
+    assert record["reason"] == "500 Internal Server Error" and record["bucket"] == "retryable"
+    assert record["action"] == "still 500 after 3 passes: check the item upstream, or rerun with --retry-unavailable"
+    assert fake.sleeps == [0.75, 5.0, 0.75, 5.0, 0.75]
+    assert crawl(server, tmp_path, ["bad"])[0] == ExitCode.OK
+    assert server.hits["bad"] == 6
+
+
+def test_empty_and_invalid_json_bodies_are_retried(server, tmp_path):
+    server.replies["e"] = [(200, b"", {}), (200, b"  ", {}), 200]
+    server.replies["j"] = [(200, b'{"trunc', {"Content-Type": "application/json"}), 200]
+    code, _, _ = crawl(server, tmp_path, ["e", "j"])
+    assert code == ExitCode.OK
+    assert server.hits["e"] == 3 and server.hits["j"] == 2
+    server.replies["z"] = [(200, b"", {})]
+    crawl(server, tmp_path, ["z"], "--tries", "1", "--passes", "1")
+    assert state(tmp_path, "unavailable.jsonl")[0]["reason"] == "empty body"
+
+
+def test_dropped_connection_is_retryable(server, tmp_path):
+    server.replies["d"] = ["drop", 200]
+    code, _, fake = crawl(server, tmp_path, ["d"])
+    assert code == ExitCode.OK and server.hits["d"] == 2 and fake.sleeps == [0.75]
+
+
+def test_connection_refused_is_retryable_then_unavailable(tmp_path):
+    ids = write_ids(tmp_path, ["x"])
+    code, err, fake = run_cli([ids, "--url", "http://127.0.0.1:9/{id}", "--tries", "2", "--cooldown", "1"])
+    assert code == ExitCode.OK
+    assert [f["error"] for f in state(tmp_path, "failed.jsonl")] == ["connection refused"] * 2
+    assert state(tmp_path, "unavailable.jsonl")[0]["status"] is None
+
+
+def test_timeout_is_retryable_and_named(server, tmp_path):
+    server.replies["slow"] = [("sleep", 1.0, 200), 200]
+    code, _, _ = crawl(server, tmp_path, ["slow"], "--timeout", "0.2", "--tries", "1", "--cooldown", "0")
+    assert code == ExitCode.OK
+    assert state(tmp_path, "failed.jsonl")[0]["error"] == "timeout after 0.2 s"
+    assert server.hits["slow"] == 2
+
+
+def test_custom_retry_and_skip_sets(server, tmp_path):
+    server.replies["a"] = [403, 200]
+    server.replies["b"] = [503]
+    code, _, _ = crawl(server, tmp_path, ["a", "b"], "--retry", "403", "--skip", "503")
+    assert code == ExitCode.OK
+    assert server.hits == Counter({"a": 2, "b": 1})
+
+
+# ------------------------------------------------------------ resume, runs
+
+
+def test_resume_skips_ids_in_done_file(server, tmp_path):
+    assert crawl(server, tmp_path, ["a", "b"])[0] == ExitCode.OK
+    code, err, _ = crawl(server, tmp_path, ["a", "b", "c"])
+    assert code == ExitCode.OK
+    assert server.hits == Counter({"a": 1, "b": 1, "c": 1})
+    assert "3 ids, 1 to fetch" in err
+
+
+def test_cooldown_counts_from_the_failure_across_runs(server, tmp_path):
+    server.replies["f"] = [500, 200]
+    fake = FakeTime()
+    code, err, fake = crawl(server, tmp_path, ["f"], "--tries", "1", "--cooldown", "30", "--max-time", "10", fake=fake)
+    assert code == ExitCode.INCOMPLETE and "--max-time" in err
+    assert server.hits["f"] == 1
+    assert fake.sleeps == [10.0]
+    later = FakeTime()
+    later.now += 12  # the rerun starts 12 s after the failure: 18 s of cool-down remain
+    code, _, later = crawl(server, tmp_path, ["f"], "--tries", "1", "--cooldown", "30", fake=later)
+    assert code == ExitCode.OK
+    assert later.sleeps == [18.0] and server.hits["f"] == 2
+
+
+def test_retry_unavailable_brings_ids_back_for_one_run(server, tmp_path):
+    server.replies["g"] = [404, 200]
+    assert crawl(server, tmp_path, ["g"])[0] == ExitCode.OK
+    assert crawl(server, tmp_path, ["g"])[0] == ExitCode.OK and server.hits["g"] == 1
+    assert crawl(server, tmp_path, ["g"], "--retry-unavailable")[0] == ExitCode.OK
+    assert server.hits["g"] == 2 and state(tmp_path, "done.txt") == ["g"]
+
+
+def test_failed_id_resumes_at_the_pass_it_reached(server, tmp_path):
+    server.replies["f"] = [500]
+    fake = FakeTime()
+    code, _, _ = crawl(server, tmp_path, ["f"], "--tries", "1", "--passes", "3", "--cooldown", "50",
+                       "--max-time", "1", fake=fake)
+    assert code == ExitCode.INCOMPLETE
+    assert [f["pass"] for f in state(tmp_path, "failed.jsonl")] == [1]
+    code, _, _ = crawl(server, tmp_path, ["f"], "--tries", "1", "--passes", "3", "--cooldown", "50", fake=fake)
+    assert code == ExitCode.OK
+    assert [f["pass"] for f in state(tmp_path, "failed.jsonl")] == [1, 2, 3]
+    assert server.hits["f"] == 3
+
+
+def test_max_time_starts_no_new_request_and_exits_1(server, tmp_path):
+    server.replies["f"] = [500, 200]
+    code, err, fake = crawl(server, tmp_path, ["f", "g"], "--max-time", "0.5")
+    assert code == ExitCode.INCOMPLETE
+    assert server.hits == Counter({"f": 1, "g": 1})
+    assert summary_count(err, "pending") == 1
+    assert crawl(server, tmp_path, ["f", "g"])[0] == ExitCode.OK
+    assert server.hits == Counter({"f": 2, "g": 1})
+
+
+def test_exhausted_record_without_unavailable_line_is_settled_on_start(server, tmp_path):
+    sdir = tmp_path / "ids.redrive"
+    sdir.mkdir()
+    (sdir / "failed.jsonl").write_text(json.dumps(
+        {"id": "x", "pass": 2, "bucket": "retryable", "status": 503, "error": "503 Service Unavailable",
+         "tries": 5, "at": "2026-01-01T00:00:00.000000Z"}) + "\n")
+    assert crawl(server, tmp_path, ["x"])[0] == ExitCode.OK
+    assert server.hits["x"] == 0
+    assert state(tmp_path, "unavailable.jsonl")[0]["reason"] == "503 Service Unavailable"
+
+
+def test_torn_last_line_is_cut_with_a_warning(server, tmp_path):
+    crawl(server, tmp_path, ["a"])
+    with open(tmp_path / "ids.redrive" / "results.jsonl", "ab") as fh:
+        fh.write(b'{"id":"b","url":"htt')
+    code, err, _ = crawl(server, tmp_path, ["a", "b"])
+    assert code == ExitCode.OK and "torn last line" in err
+    assert [r["id"] for r in state(tmp_path, "results.jsonl")] == ["a", "b"]
+
+
+def test_result_whose_done_line_was_lost_is_completed_not_fetched(server, tmp_path):
+    crawl(server, tmp_path, ["a", "b"])
+    done = tmp_path / "ids.redrive" / "done.txt"
+    done.write_text("a\n")
+    code, err, _ = crawl(server, tmp_path, ["a", "b"])
+    assert code == ExitCode.OK and server.hits["b"] == 1
+    assert state(tmp_path, "done.txt") == ["a", "b"] and "whose result was stored" in err
+
+
+def test_duplicate_ids_are_processed_once_and_counted(server, tmp_path):
+    code, err, _ = crawl(server, tmp_path, ["a", "b", "a", "a"])
+    assert code == ExitCode.OK and server.hits == Counter({"a": 1, "b": 1})
+    assert "2 ids (2 duplicate lines ignored)" in err
+
+
+def test_ids_file_tolerates_bom_crlf_comments_and_blanks(server, tmp_path):
+    path = tmp_path / "ids.txt"
+    path.write_bytes(b"\xef\xbb\xbf# products\r\n  a1  \r\n\r\n#b\r\nc3\r\n")
+    code, _, _ = run_cli([path, "--url", server.template])
+    assert code == ExitCode.OK and server.hits == Counter({"a1": 1, "c3": 1})
+
+
+def test_id_cannot_change_the_path_or_query(server, tmp_path):
+    code, _, _ = crawl(server, tmp_path, ["a/../b?x=1&y"])
+    assert code == ExitCode.OK
+    assert server.paths == ["/items/a%2F..%2Fb%3Fx%3D1%26y"]
+    assert state(tmp_path, "done.txt") == ["a/../b?x=1&y"]
+
+
+def test_full_url_ids_are_used_as_they_are(server, tmp_path):
+    ids = write_ids(tmp_path, [server.base + "/items/p?q=1", server.base + "/items/r"])
+    code, _, _ = run_cli([ids])
+    assert code == ExitCode.OK and sorted(server.paths) == ["/items/p?q=1", "/items/r"]
+
+
+def test_redirect_keeps_the_input_id_and_notes_final_url(server, tmp_path):
+    server.replies["old"] = [(301, b"", {"Location": "/items/new"})]
+    code, _, _ = crawl(server, tmp_path, ["old"])
+    assert code == ExitCode.OK
+    [result] = state(tmp_path, "results.jsonl")
+    assert result["id"] == "old" and result["final_url"] == server.base + "/items/new"
+    assert state(tmp_path, "done.txt") == ["old"]
+
+
+def test_quiet_prints_nothing_on_success_and_the_summary_on_failure(server, tmp_path):
+    code, err, _ = crawl(server, tmp_path, ["a"], "-q")
+    assert code == ExitCode.OK and err == ""
+    server.replies["b"] = [401]
+    code, err, _ = crawl(server, tmp_path, ["a", "b"], "-q")
+    assert code == ExitCode.FATAL and "401 Unauthorized" in err
+
+
+def test_summary_lists_20_unavailable_then_points_at_the_file(server, tmp_path):
+    ids = [f"g{n}" for n in range(23)]
+    for item in ids:
+        server.replies[item] = [404]
+    code, err, _ = crawl(server, tmp_path, ids)
+    assert code == ExitCode.OK
+    assert "23 x 404 Not Found" in err
+    assert "g19: 404" in err and "g20: 404" not in err
+    assert "... and 3 more: see unavailable.jsonl" in err
+
+
+def test_demo_runs_the_normal_path_to_a_settled_end(tmp_path):
+    ids = tmp_path / "sample_ids.txt"
+    ids.write_bytes((HERE / "sample_ids.txt").read_bytes())
+    code, err, _ = run_cli([ids, "--demo", "--concurrency", "16"])
+    assert code == ExitCode.OK, err
+    assert "pass 2: " in err and "404 Not Found" in err and "500 Internal Server Error" in err
+    unavailable = state(tmp_path, "unavailable.jsonl", stem="sample_ids")
+    assert len(unavailable) == 7
+    assert len(state(tmp_path, "done.txt", stem="sample_ids")) == 43
+
+
+# ----------------------------------------------------------------- secrets
+
+
+def test_header_values_come_from_the_environment_and_never_reach_output(server, tmp_path):
+    server.replies["a"] = [(401, f"key {SECRET} is revoked".encode(), {})]
+    code, err, _ = crawl(server, tmp_path, ["b", "a"], "-H", "X-API-Key: ${API_KEY}",
+                         environ={"API_KEY": SECRET})
+    assert code == ExitCode.FATAL
+    assert all(h.get("X-API-Key") == SECRET for h in server.seen_headers)
+    assert SECRET not in err and "key *** is revoked" in err
+    assert SECRET not in all_output(tmp_path)
+
+
+def test_key_like_query_parameters_are_redacted_in_state_and_output(server, tmp_path):
+    ids = write_ids(tmp_path, ["a", "b"])
+    server.replies["b"] = [404]
+    code, err, _ = run_cli([ids, "--url", server.template + "?api_key=" + SECRET])
+    assert code == ExitCode.OK
+    assert state(tmp_path, "results.jsonl")[0]["url"].endswith("?api_key=REDACTED")
+    assert SECRET not in err and SECRET not in all_output(tmp_path)
+
+
+def test_user_headers_are_dropped_on_a_cross_origin_redirect(server, tmp_path):
+    other, thread = start_server()
+    try:
+        server.replies["r"] = [(302, b"", {"Location": other.base + "/items/r"})]
+        code, _, _ = crawl(server, tmp_path, ["r"], "-H", "X-API-Key: " + SECRET)
+        assert code == ExitCode.OK
+        assert server.seen_headers[0].get("X-API-Key") == SECRET
+        assert other.hits["r"] == 1 and "X-API-Key" not in other.seen_headers[0]
+    finally:
+        other.shutdown()
+        other.server_close()
+        thread.join()
+
+
+# --------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("setup, args, message", [
+    (None, ["missing.txt"], "no such file"),
+    ("dir", ["adir"], "cannot read it"),
+    (b"a\nb\n\xff\xfe\n", ["ids.txt"], "line 3: not valid UTF-8"),
+    (b"# only comments\n\n   \n", ["ids.txt"], "no ids in it"),
+    (b"a\n", ["ids.txt", "--url", "https://x.example/items"], "has no {id}"),
+    (b"a\n", ["ids.txt", "--url", "ftp://x.example/{id}"], "not an http(s) URL"),
+    (b"https://x.example/1\nftp://x.example/2\n", ["ids.txt"], "line 2: 'ftp://x.example/2' is not an http(s) URL"),
+    (b"a\n", ["ids.txt", "--url", "http://x/{id}", "-H", "X-Key: ${NOPE}"], "environment variable NOPE is not set"),
+    (b"a\n", ["ids.txt", "--url", "http://x/{id}", "-H", "no colon"], "write it as -H 'Name: value'"),
+    (b"a\n", ["ids.txt", "--concurrency", "0"], "at least 1"),
+    (b"a\n", ["ids.txt", "--timeout", "-1"], "number of seconds"),
+    (b"a\n", ["ids.txt", "--retry", "abc"], "HTTP statuses"),
+    (b"a\n", ["ids.txt", "--retry", "503", "--skip", "503"], "both --retry and --skip"),
+    (b"a\n", ["ids.txt", "--bogus"], "unrecognized arguments"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, setup, args, message):
+    monkeypatch.chdir(tmp_path)
+    if setup == "dir":
+        (tmp_path / "adir").mkdir()
+    elif setup is not None:
+        (tmp_path / "ids.txt").write_bytes(setup)
+    err = io.StringIO()
+    code = redrive.main(args, err=err, environ={})
+    assert code == ExitCode.USAGE
+    lines = err.getvalue().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("redrive: error: ") and message in lines[0], lines
+
+
+def test_bad_input_in_a_real_process_has_no_traceback(tmp_path):
+    (tmp_path / "ids.txt").write_bytes(b"\xff\n")
+    proc = subprocess.run(redrive_cmd(tmp_path / "ids.txt"), capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr and "UTF-8" in proc.stderr
+
+
+def test_unwritable_state_dir_is_exit_2(tmp_path):
+    if os.geteuid() == 0:
+        target = Path("/proc/redrive-cannot-be-here")
+    else:
+        target = tmp_path / "ro"
+        target.mkdir(mode=0o500)
+    ids = write_ids(tmp_path, ["a"])
+    code, err, _ = run_cli([ids, "--url", "http://127.0.0.1:9/{id}", "--state-dir", target])
+    assert code == ExitCode.USAGE and "state dir" in err and err.count("\n") == 1
+
+
+def test_foreign_line_in_a_state_file_is_exit_2_and_left_alone(server, tmp_path):
+    sdir = tmp_path / "ids.redrive"
+    sdir.mkdir()
+    (sdir / "failed.jsonl").write_text("hello world\n")
+    code, err, _ = crawl(server, tmp_path, ["a"])
+    assert code == ExitCode.USAGE and "failed.jsonl line 1: not a redrive record" in err
+    assert (sdir / "failed.jsonl").read_text() == "hello world\n" and server.hits["a"] == 0
+
+
+def test_help_and_version(capsys):
+    assert redrive.main(["--version"]) == 0
+    assert redrive.__version__ in capsys.readouterr().out
+    assert redrive.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "examples:" in out and "--retry-unavailable" in out
+
+
+# -------------------------------------------------- processes and signals
+
+
+def wait_for_lines(path, count, proc, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_bytes().count(b"\n") >= count:
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"process ended early: {proc.stderr.read()}")
+        time.sleep(0.01)
+    raise AssertionError(f"{path} never reached {count} lines")
+
+
+@pytest.mark.parametrize("signum, expected", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_stop_signal_mid_run_then_rerun_resumes_without_refetching(server, tmp_path, signum, expected):
+    ids = [f"n{i}" for i in range(300)]
+    for item in ids:
+        server.replies[item] = [("sleep", 0.01, 200)]
+    ids_file = write_ids(tmp_path, ids)
+    cmd = redrive_cmd(ids_file, "--url", server.template, "--concurrency", "4")
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    wait_for_lines(tmp_path / "ids.redrive" / "done.txt", 20, proc)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=10)
+    assert proc.returncode == expected, err
+    assert "rerun the same command to resume" in err
+    done_before = state(tmp_path, "done.txt")
+    assert 20 <= len(done_before) < 300
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(state(tmp_path, "done.txt")) == sorted(ids)
+    assert [r["id"] for r in state(tmp_path, "results.jsonl")] == state(tmp_path, "done.txt")
+    assert set(server.hits) == set(ids) and max(server.hits.values()) == 1
+
+
+def test_second_ctrl_c_exits_at_once(server, tmp_path):
+    ids = [f"s{i}" for i in range(20)]
+    for item in ids:
+        server.replies[item] = [("sleep", 0.2, 200)]
+    server.replies["s5"] = [("sleep", 8.0, 200)]
+    ids_file = write_ids(tmp_path, ids)
+    proc = subprocess.Popen(redrive_cmd(ids_file, "--url", server.template, "--concurrency", "2"),
+                            stderr=subprocess.PIPE, text=True)
+    wait_for_lines(tmp_path / "ids.redrive" / "done.txt", 5, proc)
+    time.sleep(0.3)
+    started = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=10)
+    assert proc.returncode == 130 and time.monotonic() - started < 3
+    lines = (tmp_path / "ids.redrive" / "done.txt").read_bytes()
+    assert lines.endswith(b"\n") and len(lines.splitlines()) >= 5
+
+
+def test_second_run_on_the_same_state_dir_exits_75(server, tmp_path):
+    import fcntl
+    sdir = tmp_path / "ids.redrive"
+    sdir.mkdir()
+    fd = os.open(sdir / "lock", os.O_RDWR | os.O_CREAT)
+    os.write(fd, b"pid 4242, started 2026-01-01T00:00:00.000000Z\n")
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        code, err, _ = crawl(server, tmp_path, ["a"])
+    finally:
+        os.close(fd)
+    assert code == ExitCode.LOCKED
+    assert f"another run (pid 4242, started 2026-01-01T00:00:00.000000Z) is using {sdir}" in err
+    assert server.hits["a"] == 0
+    assert crawl(server, tmp_path, ["a"])[0] == ExitCode.OK
