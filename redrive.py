@@ -60,7 +60,7 @@ from datetime import datetime, timezone
 from enum import Enum, IntEnum
 from pathlib import Path
 from typing import Callable, Iterable, Optional
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote, quote_plus, urlsplit, urlunsplit
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -83,11 +83,17 @@ SKIP_STATUSES = frozenset({400, 404, 410})
 #: Query parameter names whose values are secrets and are shown redacted.
 SECRET_NAME = re.compile(r"key|token|secret|sig|passw|auth|credential|session", re.I)
 
+#: A ${VAR} reference, read from the environment at run time.
+ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
 #: How long an interrupted or halted run waits for requests already in flight.
 GRACE_SECONDS = 5.0
 
 #: How many unavailable ids the summary lists before pointing at the file.
 LISTED_UNAVAILABLE = 20
+
+#: Without --fsync, dirty state files are fsynced at least this often (seconds).
+SYNC_INTERVAL = 1.0
 
 #: Bytes of a fatal response's body shown to the user.
 EXCERPT_CHARS = 200
@@ -133,8 +139,16 @@ class Config:
 
     ids_file: Path
     state_dir: Path
-    url: str = "{id}"
+    url: str = "{id}"  #: the template, ${VAR} references read from the environment
+    url_spec: str = "{id}"  #: the template as given, with its ${VAR} references
+    method: str = "GET"
+    data: Optional[str] = None  #: request body template, ${VAR} read
+    data_spec: Optional[str] = None  #: the body template as given
     headers: tuple = ()  #: (name, value) pairs; values are secrets
+    header_specs: tuple = ()  #: (name, "${VAR}" or None): what run.json may keep
+    expect_json: bool = False
+    require: tuple = ()  #: texts the body must contain
+    require_field: tuple = ()  #: top-level JSON fields that must be present, not null
     concurrency: int = 4
     timeout: float = 30.0
     tries: int = 5
@@ -149,10 +163,26 @@ class Config:
     max_time: Optional[float] = None
     max_bytes: int = 50 * 1024 * 1024
     quiet: bool = False
+    fsync: bool = False
+    demo: bool = False
+    allow_config_change: bool = False
+    secrets: tuple = ()  #: header values and ${VAR} values: shown as *** if ever echoed
 
     @property
     def header_names(self) -> frozenset:
         return frozenset(name.lower() for name, _ in self.headers)
+
+    @property
+    def json_data(self) -> bool:
+        """A request body is JSON when a header says so or it looks like JSON."""
+        declared = [v for n, v in self.headers if n.lower() == "content-type"]
+        if declared:
+            return "json" in declared[0].lower()
+        return (self.data or "").lstrip()[:1] in ("{", "[")
+
+    @property
+    def wants_json(self) -> bool:
+        return self.expect_json or bool(self.require_field)
 
 
 @dataclass
@@ -305,8 +335,10 @@ def redact_url(url: str) -> str:
 
 
 def _redact_pair(pair: str) -> str:
-    name, eq, _ = pair.partition("=")
-    return f"{name}=REDACTED" if eq and SECRET_NAME.search(name) else pair
+    name, eq, value = pair.partition("=")
+    if eq and SECRET_NAME.search(name) and not ENV_REF.fullmatch(value):
+        return f"{name}=REDACTED"
+    return pair
 
 
 def build_url(template: str, item_id: str) -> str:
@@ -314,6 +346,14 @@ def build_url(template: str, item_id: str) -> str:
     if template == "{id}":
         return item_id
     return template.replace("{id}", quote(item_id, safe=""))
+
+
+def build_body(template: Optional[str], item_id: str, as_json: bool) -> Optional[bytes]:
+    """The request body: {id} JSON-escaped in a JSON body, form-encoded in any other."""
+    if template is None:
+        return None
+    value = json.dumps(item_id, ensure_ascii=False)[1:-1] if as_json else quote_plus(item_id)
+    return template.replace("{id}", value).encode("utf-8")
 
 
 def is_http_url(url: str) -> bool:
@@ -371,7 +411,6 @@ class Redactor:
 # ------------------------------------------------------------------ input
 
 
-ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 
 
@@ -422,22 +461,32 @@ def check_urls(cfg: Config, ids: list, redact: Redactor) -> None:
                 "list full URLs, or give --url TEMPLATE with {id}")
 
 
-def parse_header(text: str, environ) -> tuple:
-    """'Name: value with ${VAR}' -> (name, value), reading VAR from the environment."""
-    name, colon, value = text.partition(":")
-    name = name.strip()
-    if not colon or not HEADER_NAME.match(name):
-        raise RedriveError(f"-H {name[:40]!r}: write it as -H 'Name: value'")
-
-    def expand(match):
+def expand_env(text: str, environ, where: str) -> str:
+    """Replace each ${VAR} in text with its value from the environment."""
+    def value(match):
         if match.group(1) not in environ:
-            raise RedriveError(f"-H {name}: environment variable {match.group(1)} is not set; export it first")
+            raise RedriveError(f"{where}: environment variable {match.group(1)} is not set; export it first")
         return environ[match.group(1)]
 
-    value = ENV_REF.sub(expand, value.strip())
+    return ENV_REF.sub(value, text)
+
+
+def env_values(text: str, environ) -> list:
+    """The values of the ${VAR} references in text (they may be secrets)."""
+    return [environ[name] for name in ENV_REF.findall(text) if name in environ]
+
+
+def parse_header(text: str, environ) -> tuple:
+    """'Name: value with ${VAR}' -> (name, value, spec); spec is the value
+    when it is a pure ${VAR} reference (safe to record), else None."""
+    name, colon, spec = text.partition(":")
+    name, spec = name.strip(), spec.strip()
+    if not colon or not HEADER_NAME.match(name):
+        raise RedriveError(f"-H {name[:40]!r}: write it as -H 'Name: value'")
+    value = expand_env(spec, environ, f"-H {name}")
     if "\n" in value or "\r" in value:
         raise RedriveError(f"-H {name}: the value holds a line break; remove it")
-    return name, value
+    return name, value, spec if ENV_REF.fullmatch(spec) else None
 
 
 # ------------------------------------------------------------ state files
@@ -455,12 +504,18 @@ class State:
 
 class Ledger:
     """The one writer of the state dir. Every line is one os.write on an
-    O_APPEND descriptor: flushed to the kernel when the call returns, so a
-    kill loses nothing written, and no line ever interleaves with another."""
+    O_APPEND descriptor: in the kernel when the call returns, so a killed
+    process loses nothing written, and no line ever interleaves with another.
 
-    def __init__(self, state_dir: Path):
-        self.dir = state_dir
-        self.fds = {}
+    Power loss is another matter: with fsync=True every line is fsynced
+    before the next step; otherwise dirty files are fsynced at least once a
+    second (the run loop calls sync_if_due) and at close.
+    """
+
+    def __init__(self, state_dir: Path, fsync: bool = False):
+        self.dir, self.fsync = state_dir, fsync
+        self.fds, self.dirty = {}, set()
+        self.synced_at = time.monotonic()
 
     def open(self) -> None:
         for name in STATE_FILES:
@@ -469,19 +524,47 @@ class Ledger:
                 self.fds[name] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             except OSError as exc:
                 raise RedriveError(f"{path}: cannot open for writing ({exc.strerror}); check --state-dir") from None
+        fsync_dir(self.dir)
 
     def close(self) -> None:
-        for fd in self.fds.values():
-            os.close(fd)
-        self.fds.clear()
+        try:
+            self.sync()
+        finally:
+            for fd in self.fds.values():
+                os.close(fd)
+            self.fds.clear()
 
     def append(self, name: str, line: str) -> None:
-        data = (line + "\n").encode("utf-8")
+        data = memoryview((line + "\n").encode("utf-8"))
         try:
             while data:
                 data = data[os.write(self.fds[name], data):]
+            if self.fsync:
+                os.fsync(self.fds[name])
+            else:
+                self.dirty.add(name)
         except OSError as exc:
             raise RedriveError(f"{self.dir / name}: write failed ({exc.strerror}); free space, then rerun") from None
+
+    def sync(self) -> None:
+        """fsync every file written since the last sync."""
+        for name in sorted(self.dirty):
+            try:
+                os.fsync(self.fds[name])
+            except OSError as exc:
+                raise RedriveError(f"{self.dir / name}: fsync failed ({exc.strerror}); check the disk") from None
+        self.dirty.clear()
+        self.synced_at = time.monotonic()
+
+    def seconds_to_sync(self) -> Optional[float]:
+        """How long until the once-a-second sync is due; None when nothing is dirty."""
+        if not self.dirty:
+            return None
+        return max(0.0, self.synced_at + SYNC_INTERVAL - time.monotonic())
+
+    def sync_if_due(self) -> None:
+        if self.seconds_to_sync() == 0.0:
+            self.sync()
 
     def record(self, name: str, record: dict) -> None:
         self.append(name, json.dumps(record, ensure_ascii=False, separators=(",", ":")))
@@ -490,6 +573,20 @@ class Ledger:
         """The result line first, then the done line: done means stored."""
         self.record("results.jsonl", record)
         self.append("done.txt", item_id)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make new directory entries (a state file just created) durable too."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems cannot fsync a directory; the files still are
+    finally:
+        os.close(fd)
 
 
 def repair_torn_tail(path: Path) -> Optional[str]:
@@ -546,6 +643,8 @@ def read_records(path: Path) -> Iterable[dict]:
         return
     with fh:
         for number, line in enumerate(fh, 1):
+            if not line.endswith("\n"):
+                return  # a torn last line: repaired on start, ignored by --check
             try:
                 record = json.loads(line)
                 if isinstance(record, dict) and isinstance(record.get("id"), str):
@@ -556,18 +655,21 @@ def read_records(path: Path) -> Iterable[dict]:
             raise RedriveError(f"{path} line {number}: not a redrive record; move the file away or fix that line")
 
 
-def load_state(state_dir: Path) -> State:
-    """Repair what a kill can leave, then read who is done, failed, unavailable."""
+def load_state(state_dir: Path, repair: bool = True) -> State:
+    """Repair what a kill can leave (unless only looking), then read who is
+    done, failed and unavailable."""
     state = State()
-    for name in STATE_FILES:
+    for name in STATE_FILES if repair else ():
         note = repair_torn_tail(state_dir / name)
         if note:
             state.repairs.append(note)
     try:
         with open(state_dir / "done.txt", encoding="utf-8") as fh:
-            state.done = {line.rstrip("\n") for line in fh}
+            state.done = {line[:-1] for line in fh if line.endswith("\n")}
     except FileNotFoundError:
         pass
+    except (OSError, UnicodeDecodeError):
+        raise RedriveError(f"{state_dir / 'done.txt'}: not readable as redrive's UTF-8 id list; move it away") from None
     for record in read_records(state_dir / "failed.jsonl"):
         state.failed[record["id"]] = record
     for record in read_records(state_dir / "unavailable.jsonl"):
@@ -597,6 +699,85 @@ def latest_failure(state: State, item_id: str) -> Optional[dict]:
     if failed and settled and settled.get("at", "") >= failed.get("at", ""):
         return None
     return failed
+
+
+def request_shape(cfg: Config) -> dict:
+    """What decides the meaning of a result, and so must not drift within one
+    state dir: never a secret, never a knob such as concurrency or timeouts."""
+    return {"method": cfg.method, "url": "--demo" if cfg.demo else redact_url(cfg.url_spec),
+            "data": cfg.data_spec, "headers": sorted(cfg.header_names), "expect_json": cfg.expect_json,
+            "require": list(cfg.require), "require_field": list(cfg.require_field)}
+
+
+def shape_hash(shape: dict) -> str:
+    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def read_run_record(state_dir: Path) -> Optional[dict]:
+    """STATE_DIR/run.json, or None before the first run."""
+    path = state_dir / "run.json"
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        record = None
+    if not isinstance(record, dict) or not isinstance(record.get("shape"), dict):
+        raise RedriveError(f"{path}: not a redrive run record; move it away, or use a new --state-dir")
+    record["shape"] = {**request_shape(Config(Path(), Path())), **record["shape"]}
+    return record
+
+
+def shape_changes(old: dict, new: dict) -> list:
+    """'url: 'a' -> 'b'' for every field of the shape that differs."""
+    return [f"{key}: {old.get(key)!r} -> {new.get(key)!r}" for key in new if old.get(key) != new.get(key)]
+
+
+def settle_run_record(cfg: Config, record: Optional[dict]) -> None:
+    """Refuse a changed request shape (unless allowed), then record the current one."""
+    shape = request_shape(cfg)
+    if record is not None and record["shape"] != shape and not cfg.allow_config_change:
+        raise RedriveError(
+            f"the request changed since this state dir was started ({'; '.join(shape_changes(record['shape'], shape))}); "
+            "results would mix two configurations: use a new --state-dir, or --allow-config-change")
+    new = {"shape": shape, "hash": shape_hash(shape),
+           "headers": [{"name": n, "value": spec} for n, spec in cfg.header_specs],
+           "created": record.get("created") if record else iso(time.time()), "redrive": __version__}
+    if record is not None and record["shape"] != shape:
+        new["previous_hash"] = record.get("hash")
+    if record is None or any(record.get(k) != new[k] for k in ("shape", "hash", "headers")):
+        write_atomically(cfg.state_dir / "run.json", json.dumps(new, indent=2) + "\n")
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write a whole small file so that a reader sees the old or the new one."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise RedriveError(f"{path}: cannot write ({exc.strerror}); check the state dir") from None
+
+
+def recorded_request(record: dict) -> dict:
+    """The request options a rerun without any of them takes from run.json."""
+    shape = record["shape"]
+    if "REDACTED" in shape["url"]:
+        raise RedriveError("run.json keeps the --url with its secret redacted; give --url again "
+                           "(write the secret as ${VAR} and it can be reused)")
+    headers = []
+    for header in record.get("headers", []):
+        if header.get("value") is None:
+            raise RedriveError(f"header {header.get('name')} was given as a literal value, which redrive does not "
+                               "store; give -H again (write it as ${VAR} and it can be reused)")
+        headers.append(f"{header['name']}: {header['value']}")
+    return {"url": None if shape["url"] == "--demo" else shape["url"], "demo": shape["url"] == "--demo",
+            "header": headers, "method": shape["method"], "data": shape["data"],
+            "expect_json": shape["expect_json"], "require": shape["require"],
+            "require_field": shape["require_field"]}
 
 
 # ------------------------------------------------------------------- HTTP
@@ -639,16 +820,21 @@ def make_session(cfg: Config) -> GuardedSession:
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     session.headers["User-Agent"] = f"redrive/{__version__}"
+    if cfg.data is not None and "content-type" not in cfg.header_names:
+        session.headers["Content-Type"] = "application/json" if cfg.json_data else "application/x-www-form-urlencoded"
     session.headers.update(dict(cfg.headers))
     return session
 
 
-def fetch(session: GuardedSession, url: str, cfg: Config, redact: Redactor, now: Callable[[], float]) -> Outcome:
+def fetch(session: GuardedSession, item_id: str, cfg: Config, redact: Redactor,
+          now: Callable[[], float]) -> Outcome:
     """One attempt. Every HTTP or network failure comes back as an Outcome."""
+    url = build_url(cfg.url, item_id)
     session.origin = origin_of(url)
     deadline = time.monotonic() + cfg.timeout
+    body = build_body(cfg.data, item_id, cfg.json_data)
     try:
-        with session.get(url, timeout=cfg.timeout, stream=True) as resp:
+        with session.request(cfg.method, url, data=body, timeout=cfg.timeout, stream=True) as resp:
             bucket = classify_status(resp.status_code, cfg)
             wanted = bucket is Bucket.OK or bucket is Bucket.FATAL
             raw = read_body(resp, cfg.max_bytes if wanted else ERROR_BODY_BYTES, deadline)
@@ -657,7 +843,7 @@ def fetch(session: GuardedSession, url: str, cfg: Config, redact: Redactor, now:
         return Outcome(bucket, error=reason)
     if raw is None and bucket is Bucket.OK:
         return Outcome(Bucket.SKIP, resp.status_code, f"body over {cfg.max_bytes} bytes")
-    return interpret(resp, raw or b"", bucket, redact, now())
+    return interpret(resp, raw or b"", bucket, cfg, redact, now())
 
 
 def read_body(resp: requests.Response, max_bytes: int, deadline: float) -> Optional[bytes]:
@@ -678,7 +864,8 @@ def read_body(resp: requests.Response, max_bytes: int, deadline: float) -> Optio
     return b"".join(body)
 
 
-def interpret(resp: requests.Response, raw: bytes, bucket: Bucket, redact: Redactor, now: float) -> Outcome:
+def interpret(resp: requests.Response, raw: bytes, bucket: Bucket, cfg: Config, redact: Redactor,
+              now: float) -> Outcome:
     """Turn a status and a body into an Outcome: a 2xx must carry a real body."""
     status = resp.status_code
     final = resp.url if resp.history else None
@@ -690,13 +877,28 @@ def interpret(resp: requests.Response, raw: bytes, bucket: Bucket, redact: Redac
         return Outcome(bucket, status, status_reason(status), retry_after=wait)
     if not raw.strip():
         return Outcome(Bucket.RETRYABLE, status, "empty body")
-    text = decode(raw, resp)
-    if "json" in resp.headers.get("Content-Type", "").lower():
+    body, problem = validate(decode(raw, resp), resp.headers.get("Content-Type", ""), cfg)
+    if problem:
+        return Outcome(Bucket.RETRYABLE, status, problem)
+    return Outcome(Bucket.OK, status, body=body, final_url=final)
+
+
+def validate(text: str, content_type: str, cfg: Config) -> tuple:
+    """(body to store, None) for a real answer, or (None, reason) for a 200
+    that is not one: a login wall, an interstitial, a truncated document."""
+    body = text
+    if cfg.wants_json or "json" in content_type.lower():
         try:
-            return Outcome(Bucket.OK, status, body=json.loads(text), final_url=final)
+            body = json.loads(text)
         except ValueError:
-            return Outcome(Bucket.RETRYABLE, status, "invalid JSON")
-    return Outcome(Bucket.OK, status, body=text, final_url=final)
+            return None, "invalid JSON"
+    for needle in cfg.require:
+        if needle not in text:
+            return None, f"missing text {needle!r}"
+    for name in cfg.require_field:
+        if not isinstance(body, dict) or body.get(name) is None:
+            return None, f"missing field {name!r}"
+    return body, None
 
 
 def decode(raw: bytes, resp: requests.Response) -> str:
@@ -765,6 +967,7 @@ class Batch:
             worker.start()
         try:
             while self.heap or self.inflight:
+                self.ledger.sync_if_due()
                 if self.end_at is not None and not self.tally.stop and self.fx.clock() >= self.end_at:
                     self.request_stop("time")
                 if not self.tally.stop:
@@ -788,7 +991,7 @@ class Batch:
                     self.say(f"pass {item.pass_no}: re-driving ids that failed pass {item.pass_no - 1}")
             self.inflight += 1
             self.tally.requests += 1
-            self.jobs.put((item, build_url(self.cfg.url, item.id)))
+            self.jobs.put(item)
 
     def _wait(self) -> None:
         """Block until an outcome arrives or the next id becomes ready."""
@@ -800,8 +1003,12 @@ class Batch:
             limits.append(self.end_at)
         timeout = max(0.0, min(limits) - now) if limits else None
         if not self.inflight:
+            self.ledger.sync()  # about to idle: a good moment to make the state durable
             self.sleep(timeout or 0.0)
             return
+        sync_in = self.ledger.seconds_to_sync()
+        if sync_in is not None:
+            timeout = sync_in if timeout is None else min(timeout, sync_in)
         try:
             message = self.outcomes.get(timeout=timeout)
         except queue.Empty:
@@ -825,8 +1032,7 @@ class Batch:
             job = self.jobs.get()
             if job is None:
                 return
-            item, url = job
-            self.outcomes.put((item, fetch(session, url, self.cfg, self.redact, self.fx.wallclock)))
+            self.outcomes.put((job, fetch(session, job.id, self.cfg, self.redact, self.fx.wallclock)))
 
     # -- settling outcomes
 
@@ -980,6 +1186,56 @@ def stop_lines(tally: Tally, cfg: Config, redact: Redactor) -> list:
     return []
 
 
+def check(ids_file: Path, state_dir: Path, quiet: bool, out) -> ExitCode:
+    """--check: reconcile IDS_FILE with the state dir. No network, no writes:
+    absence is only visible against the full expected set, so here it is."""
+    ids, duplicates = read_ids(ids_file)
+    torn = [name for name in STATE_FILES if has_torn_tail(state_dir / name)]
+    state = load_state(state_dir, repair=False)
+    results = result_ids(state_dir / "results.jsonl")
+    wanted = set(ids)
+    known = state.done | results | set(state.failed) | set(state.unavailable)
+    counts = Counter(id_status(i, state) for i in ids)
+    problems = {"done ids without a result line": sorted(state.done - results),
+                "result lines without a done line": sorted(results - state.done),
+                "torn last lines": torn}
+    lines = [f"redrive check: {ids_file} ({len(ids)} ids) against {state_dir}"]
+    lines += [f"  {label:<13}{counts[label]:>7}" for label in ("done", "unavailable", "failed", "pending")]
+    lines.append(f"  {'not in input':<13}{len(known - wanted):>7}  (ids in the state that {ids_file.name} does not list)")
+    lines += [f"  {label}: {len(found)} ({', '.join(map(str, found[:5]))}{', ...' if len(found) > 5 else ''})"
+              for label, found in problems.items() if found]
+    settled = counts["failed"] == counts["pending"] == 0
+    consistent = not any(problems.values())
+    lines.append(("every id is settled" if settled else "some ids are not settled: rerun to continue") +
+                 ("; the state is consistent" if consistent else "; the state needs repair: the next run does it"))
+    code = ExitCode.OK if settled and consistent else ExitCode.INCOMPLETE
+    if code or not quiet:
+        print("\n".join(lines), file=out)
+    return code
+
+
+def id_status(item_id: str, state: State) -> str:
+    if item_id in state.done:
+        return "done"
+    if item_id in state.unavailable:
+        return "unavailable"
+    return "failed" if item_id in state.failed else "pending"
+
+
+def has_torn_tail(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            return size > 0 and _byte_at(fh, size - 1) != b"\n"
+    except FileNotFoundError:
+        return False
+
+
+def result_ids(path: Path) -> set:
+    """The ids of every complete line of results.jsonl."""
+    return {record["id"] for record in read_records(path)}
+
+
 # ------------------------------------------------------------------- lock
 
 
@@ -1122,50 +1378,83 @@ EXAMPLES = """examples:
 """
 
 
+REQUEST_OPTIONS = ("url", "header", "method", "data", "expect_json", "require", "require_field", "demo")
+METHOD = re.compile(r"^[A-Z]+$")
+
+
 def build_parser() -> Parser:
     p = Parser(prog="redrive.py", description="Finish a batch of HTTP requests: resumable, two passes, "
                "every missing id reported with its reason.", epilog=EXAMPLES,
                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("ids_file", metavar="IDS_FILE", type=Path, help="one id (or full URL) per line")
-    p.add_argument("--url", default="{id}", metavar="TEMPLATE", help="request URL with {id} (default: the id is the URL)")
-    p.add_argument("-H", "--header", action="append", default=[], metavar="'NAME: VALUE'",
-                   help="extra header, repeatable; ${VAR} is read from the environment")
-    p.add_argument("--state-dir", type=Path, metavar="DIR", help="default: IDS_FILE without extension + .redrive")
-    p.add_argument("--concurrency", type=positive_int, default=4, metavar="N", help="worker threads (4)")
-    p.add_argument("--timeout", type=positive_seconds, default=30.0, metavar="S", help="whole-attempt limit (30)")
-    p.add_argument("--tries", type=positive_int, default=5, metavar="N", help="attempts per pass (5)")
-    p.add_argument("--passes", type=positive_int, default=2, metavar="N", help="passes over failures (2)")
-    p.add_argument("--backoff", type=seconds, default=1.0, metavar="S", help="first backoff, doubling (1)")
-    p.add_argument("--max-backoff", type=seconds, default=60.0, metavar="S", help="backoff cap (60)")
-    p.add_argument("--cooldown", type=seconds, default=30.0, metavar="S", help="wait before a failure's next pass (30)")
-    p.add_argument("--fatal", type=status_codes, metavar="CODES", help="statuses that halt the job (401,402)")
-    p.add_argument("--retry", type=status_codes, metavar="CODES", help="statuses to retry (408,429,5xx but 501,505)")
-    p.add_argument("--skip", type=status_codes, metavar="CODES", help="statuses to settle as unavailable (400,404,410)")
-    p.add_argument("--retry-unavailable", action="store_true", help="bring unavailable ids back for this run")
-    p.add_argument("--max-time", type=positive_seconds, metavar="S", help="start no request after S seconds; exit 1")
-    p.add_argument("-q", "--quiet", action="store_true", help="print nothing unless the exit code is not 0")
-    p.add_argument("--demo", action="store_true", help="run against a built-in misbehaving local API")
-    p.add_argument("--version", action="version", version=f"redrive {__version__}")
+    req = p.add_argument_group("request (recorded in run.json; a rerun without them reuses it)")
+    req.add_argument("--url", metavar="TEMPLATE", help="URL with {id}; ${VAR} read (default: the id is the URL)")
+    req.add_argument("-H", "--header", action="append", default=[], metavar="'NAME: VALUE'",
+                     help="extra header, repeatable; ${VAR} is read from the environment")
+    req.add_argument("--method", type=str.upper, metavar="M", help="HTTP method (GET)")
+    req.add_argument("--data", metavar="TEMPLATE", help="request body with {id}, JSON-escaped in a JSON body")
+    req.add_argument("--expect-json", action="store_true", help="a body that is not JSON is retried")
+    req.add_argument("--require", action="append", default=[], metavar="TEXT", help="the body must contain TEXT")
+    req.add_argument("--require-field", action="append", default=[], metavar="NAME",
+                     help="a top-level JSON field that must be present and not null")
+    req.add_argument("--demo", action="store_true", help="run against a built-in misbehaving local API")
+    run = p.add_argument_group("run")
+    run.add_argument("--state-dir", type=Path, metavar="DIR", help="default: IDS_FILE without extension + .redrive")
+    run.add_argument("--concurrency", type=positive_int, default=4, metavar="N", help="worker threads (4)")
+    run.add_argument("--timeout", type=positive_seconds, default=30.0, metavar="S", help="whole-attempt limit (30)")
+    run.add_argument("--tries", type=positive_int, default=5, metavar="N", help="attempts per pass (5)")
+    run.add_argument("--passes", type=positive_int, default=2, metavar="N", help="passes over failures (2)")
+    run.add_argument("--backoff", type=seconds, default=1.0, metavar="S", help="first backoff, doubling (1)")
+    run.add_argument("--max-backoff", type=seconds, default=60.0, metavar="S", help="backoff cap (60)")
+    run.add_argument("--cooldown", type=seconds, default=30.0, metavar="S", help="wait before a failure's next pass (30)")
+    run.add_argument("--fatal", type=status_codes, metavar="CODES", help="statuses that halt the job (401,402)")
+    run.add_argument("--retry", type=status_codes, metavar="CODES", help="statuses to retry (408,429,5xx but 501,505)")
+    run.add_argument("--skip", type=status_codes, metavar="CODES", help="statuses settled as unavailable (400,404,410)")
+    run.add_argument("--max-bytes", type=positive_int, default=50 * 1024 * 1024, metavar="N",
+                     help="a larger body is not read, the id is skipped (50 MiB)")
+    run.add_argument("--retry-unavailable", action="store_true", help="bring unavailable ids back for this run")
+    run.add_argument("--max-time", type=positive_seconds, metavar="S", help="start no request after S seconds; exit 1")
+    run.add_argument("--fsync", action="store_true", help="fsync every record before the next step")
+    run.add_argument("--allow-config-change", action="store_true", help="accept a request that differs from run.json")
+    run.add_argument("--check", action="store_true", help="no network: reconcile IDS_FILE with the state, exit 0 or 1")
+    run.add_argument("-q", "--quiet", action="store_true", help="print nothing unless the exit code is not 0")
+    run.add_argument("--version", action="version", version=f"redrive {__version__}")
     return p
 
 
-def config_from_args(args, environ) -> Config:
-    """Turn parsed options into the one frozen Config, checking what argparse cannot."""
-    state_dir = args.state_dir or args.ids_file.with_name(args.ids_file.stem + ".redrive")
-    fatal, retry, skip = resolve_buckets(args.fatal, args.retry, args.skip)
-    cfg = Config(ids_file=args.ids_file, state_dir=state_dir, url=args.url,
-                 headers=tuple(parse_header(h, environ) for h in args.header),
-                 concurrency=args.concurrency, timeout=args.timeout, tries=args.tries,
-                 passes=args.passes, backoff=args.backoff, max_backoff=args.max_backoff,
-                 cooldown=args.cooldown, fatal=fatal, retry=retry, skip=skip,
-                 retry_unavailable=args.retry_unavailable, max_time=args.max_time, quiet=args.quiet)
-    return cfg
+def default_state_dir(args) -> Path:
+    return args.state_dir or args.ids_file.with_name(args.ids_file.stem + ".redrive")
 
 
-def demo_config(cfg: Config, url_given: bool) -> tuple:
-    """The demo: a local server and short delays, the normal code path."""
-    if url_given:
+def config_from_args(args, environ, record: Optional[dict]) -> Config:
+    """Turn parsed options into the one frozen Config, checking what argparse cannot.
+    A rerun that names no request option takes them from run.json."""
+    if record is not None and not any(getattr(args, name) for name in REQUEST_OPTIONS):
+        args = argparse.Namespace(**{**vars(args), **recorded_request(record)})
+    if args.demo and args.url:
         raise RedriveError("--demo brings its own server; leave out --url")
+    method = args.method or "GET"
+    if not METHOD.match(method):
+        raise RedriveError(f"--method {method[:20]!r} is not an HTTP method; give GET, POST, ...")
+    headers = [parse_header(h, environ) for h in args.header]
+    fatal, retry, skip = resolve_buckets(args.fatal, args.retry, args.skip)
+    url_spec = args.url or "{id}"
+    return Config(
+        ids_file=args.ids_file, state_dir=default_state_dir(args), method=method,
+        url=expand_env(url_spec, environ, "--url"), url_spec=url_spec,
+        data=None if args.data is None else expand_env(args.data, environ, "--data"), data_spec=args.data,
+        headers=tuple((n, v) for n, v, _ in headers), header_specs=tuple((n, spec) for n, _, spec in headers),
+        expect_json=args.expect_json, require=tuple(args.require), require_field=tuple(args.require_field),
+        concurrency=args.concurrency, timeout=args.timeout, tries=args.tries, passes=args.passes,
+        backoff=args.backoff, max_backoff=args.max_backoff, cooldown=args.cooldown,
+        fatal=fatal, retry=retry, skip=skip, max_bytes=args.max_bytes,
+        retry_unavailable=args.retry_unavailable, max_time=args.max_time, quiet=args.quiet,
+        fsync=args.fsync, demo=args.demo, allow_config_change=args.allow_config_change,
+        secrets=tuple(v for _, v, _ in headers) + tuple(env_values(f"{url_spec} {args.data}", environ)))
+
+
+def demo_config(cfg: Config) -> tuple:
+    """The demo: a local server and short delays, the normal code path."""
     server = start_demo_server()
     url = f"http://127.0.0.1:{server.server_address[1]}/items/{{id}}"
     return server, dataclasses.replace(cfg, url=url, tries=3, backoff=0.2, max_backoff=2.0, cooldown=2.0, timeout=5.0)
@@ -1213,12 +1502,13 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
     say = (lambda line: None) if cfg.quiet else (lambda line: print(line, file=err, flush=True))
     started = fx.clock()
     ids, duplicates = read_ids(cfg.ids_file)
-    redact = Redactor([v for _, v in cfg.headers] + [v for v in secret_query_values(cfg.url)])
+    redact = Redactor(cfg.secrets + tuple(secret_query_values(cfg.url)))
     check_urls(cfg, ids, redact)
     prepare_state_dir(cfg.state_dir)
     with RunLock(cfg.state_dir):
+        settle_run_record(cfg, read_run_record(cfg.state_dir))
         state = load_state(cfg.state_dir)
-        ledger = Ledger(cfg.state_dir)
+        ledger = Ledger(cfg.state_dir, cfg.fsync)
         ledger.open()
         try:
             complete_lost_done(state, ledger)
@@ -1244,7 +1534,7 @@ def secret_query_values(url: str) -> list:
     return [value for name, eq, value in pairs if eq and SECRET_NAME.search(name)]
 
 
-def main(argv=None, *, fx: Effects = Effects(), err=None, environ=None) -> int:
+def main(argv=None, *, fx: Effects = Effects(), err=None, out=None, environ=None) -> int:
     """The command line: parse, run, map every user error to its exit code."""
     err = err or sys.stderr
     environ = os.environ if environ is None else environ
@@ -1254,9 +1544,11 @@ def main(argv=None, *, fx: Effects = Effects(), err=None, environ=None) -> int:
             args = build_parser().parse_args(argv)
         except SystemExit as exc:  # --help and --version
             return int(exc.code or 0)
-        cfg = config_from_args(args, environ)
-        if args.demo:
-            server, cfg = demo_config(cfg, args.url != "{id}")
+        if args.check:
+            return int(check(args.ids_file, default_state_dir(args), args.quiet, out or sys.stdout))
+        cfg = config_from_args(args, environ, read_run_record(default_state_dir(args)))
+        if cfg.demo:
+            server, cfg = demo_config(cfg)
         return int(run(cfg, fx, err))
     except RedriveError as exc:
         print(f"redrive: error: {exc}", file=err)

@@ -324,6 +324,14 @@ def test_retry_after_http_date_is_honoured(server, tmp_path):
     assert code == ExitCode.OK and fake.sleeps == [9.0]
 
 
+def test_an_id_waiting_out_its_backoff_does_not_hold_a_worker(server, tmp_path):
+    server.replies["a"] = [(429, b"", {"Retry-After": "5"}), 200]
+    code, _, fake = crawl(server, tmp_path, ["a", "b", "c"])
+    assert code == ExitCode.OK
+    assert server.paths == ["/items/a", "/items/b", "/items/c", "/items/a"]
+    assert fake.sleeps == [5.0]
+
+
 def test_retry_after_over_max_backoff_ends_the_pass_instead_of_sleeping(server, tmp_path):
     server.replies["t"] = [(429, b"", {"Retry-After": "120"}), 200]
     code, _, fake = crawl(server, tmp_path, ["t"], "--max-backoff", "60", "--cooldown", "30")
