@@ -319,6 +319,9 @@ def recommend(bucket: Bucket, status: Optional[int], reason: str, passes: int) -
         return f"still throttled (429) {after}: lower --concurrency, rerun with --retry-unavailable"
     if reason.startswith("timeout"):
         return f"still timing out {after}: raise --timeout, or rerun later with --retry-unavailable"
+    if status is not None and 200 <= status < 300:
+        return f"still {reason} {after}: look at one response (a login wall, an error page?), " \
+               "then rerun with --retry-unavailable"
     shown = status if status is not None else reason
     return f"still {shown} {after}: check the item upstream, or rerun with --retry-unavailable"
 

@@ -34,6 +34,12 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # no 40 ms delayed-ACK stall between headers and body
 
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        with self.server.lock:
+            self.server.bodies.append(body)
+        self.do_GET()
+
     def do_GET(self):
         server = self.server
         path = self.path.split("?", 1)[0]
@@ -52,6 +58,9 @@ class Handler(BaseHTTPRequestHandler):
         if step == "drop":
             self.close_connection = True
             return
+        if isinstance(step, tuple) and step[0] == "drip":
+            self.drip(*step[1:])
+            return
         if isinstance(step, tuple) and step[0] == "sleep":
             time.sleep(step[1])
             step = step[2]
@@ -66,6 +75,19 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def drip(self, size, interval):
+        """A 200 whose body arrives one byte at a time."""
+        self.send_response(200)
+        self.send_header("Content-Length", str(size))
+        self.end_headers()
+        try:
+            for _ in range(size):
+                self.wfile.write(b"x")
+                self.wfile.flush()
+                time.sleep(interval)
+        except OSError:
+            pass  # the client gave up, as it should
+
     def log_message(self, *args):
         pass
 
@@ -74,6 +96,7 @@ def start_server():
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     server.replies, server.hits, server.paths, server.seen_headers = {}, Counter(), [], []
+    server.bodies = []
     server.lock = threading.Lock()
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
@@ -735,3 +758,178 @@ def test_second_run_on_the_same_state_dir_exits_75(server, tmp_path):
     assert f"another run (pid 4242, started 2026-01-01T00:00:00.000000Z) is using {sdir}" in err
     assert server.hits["a"] == 0
     assert crawl(server, tmp_path, ["a"])[0] == ExitCode.OK
+
+
+# ------------------------------------------------- content and request shape
+
+
+def test_expect_json_retries_a_login_wall_then_settles_it_as_unavailable(server, tmp_path):
+    server.replies["w"] = [(200, b"<html>please log in</html>", {"Content-Type": "text/html"})]
+    code, _, _ = crawl(server, tmp_path, ["w"], "--expect-json", "--tries", "2")
+    assert code == ExitCode.OK and server.hits["w"] == 4
+    [record] = state(tmp_path, "unavailable.jsonl")
+    assert record["reason"] == "invalid JSON" and "still invalid JSON after 2 passes" in record["action"]
+    assert state(tmp_path, "done.txt") == []
+
+
+def test_require_text_and_field(server, tmp_path):
+    server.replies["t"] = [(200, b"access denied", {}), (200, b"price: 3", {})]
+    server.replies["f"] = [(200, b'{"price": null}', {}), (200, b'{"name": "x"}', {}), (200, b'{"price": 3}', {})]
+    code, _, _ = crawl(server, tmp_path, ["t"], "--require", "price", "--state-dir", tmp_path / "a")
+    assert code == ExitCode.OK and server.hits["t"] == 2
+    code, _, _ = crawl(server, tmp_path, ["f"], "--require-field", "price", "--state-dir", tmp_path / "b",
+                       "--tries", "2", "--cooldown", "0")
+    assert code == ExitCode.OK and server.hits["f"] == 3
+    errors = [json.loads(line)["error"] for line in (tmp_path / "b" / "failed.jsonl").read_text().splitlines()]
+    assert errors == ["missing field 'price'"]
+    result = json.loads((tmp_path / "b" / "results.jsonl").read_text())
+    assert result["body"] == {"price": 3}
+
+
+def test_missing_text_is_the_recorded_reason(server, tmp_path):
+    server.replies["t"] = [(200, b"access denied", {})]
+    crawl(server, tmp_path, ["t"], "--require", "price", "--tries", "1", "--passes", "1")
+    assert state(tmp_path, "unavailable.jsonl")[0]["reason"] == "missing text 'price'"
+
+
+def test_body_over_max_bytes_is_skipped_and_never_retried(server, tmp_path):
+    server.replies["big"] = [(200, b"x" * 5000, {})]
+    code, _, _ = crawl(server, tmp_path, ["big", "small"], "--max-bytes", "4096")
+    assert code == ExitCode.OK and server.hits["big"] == 1
+    [record] = state(tmp_path, "unavailable.jsonl")
+    assert record["reason"] == "body over 4096 bytes" and record["bucket"] == "skip"
+    assert state(tmp_path, "done.txt") == ["small"]
+
+
+def test_post_with_a_json_body_escapes_the_id(server, tmp_path):
+    item = 'he said "hi"\\'
+    code, _, _ = crawl(server, tmp_path, [item], "--method", "post", "--data", '{"id": "{id}", "n": 1}')
+    assert code == ExitCode.OK
+    assert json.loads(server.bodies[0]) == {"id": item, "n": 1}
+    assert server.seen_headers[0]["Content-Type"] == "application/json"
+
+
+def test_post_with_a_form_body_percent_encodes_the_id(server, tmp_path):
+    code, _, _ = crawl(server, tmp_path, ["a&b=c d"], "--method", "POST", "--data", "id={id}&x=1")
+    assert code == ExitCode.OK
+    assert server.bodies == [b"id=a%26b%3Dc+d&x=1"]
+    assert server.seen_headers[0]["Content-Type"] == "application/x-www-form-urlencoded"
+
+
+def test_a_server_dripping_its_body_hits_the_whole_attempt_timeout(server, tmp_path):
+    server.replies["drip"] = [("drip", 200, 0.02), 200]
+    started = time.monotonic()
+    code, _, _ = crawl(server, tmp_path, ["drip"], "--timeout", "0.5", "--cooldown", "0", "--tries", "1")
+    assert code == ExitCode.OK and time.monotonic() - started < 2.5
+    assert state(tmp_path, "failed.jsonl")[0]["error"] == "timeout after 0.5 s"
+    assert server.hits["drip"] == 2
+
+
+# ---------------------------------------------------------- run.json, drift
+
+
+def test_run_json_records_the_shape_but_no_secret(server, tmp_path):
+    env = {"API_KEY": SECRET}
+    crawl(server, tmp_path, ["a"], "-H", "X-API-Key: ${API_KEY}", "-H", "X-Literal: " + SECRET + "2", environ=env)
+    record = json.loads((tmp_path / "ids.redrive" / "run.json").read_text())
+    assert record["shape"]["url"] == server.template and record["shape"]["method"] == "GET"
+    assert record["shape"]["headers"] == ["x-api-key", "x-literal"]
+    assert record["headers"] == [{"name": "X-API-Key", "value": "${API_KEY}"}, {"name": "X-Literal", "value": None}]
+    assert len(record["hash"]) == 16 and SECRET not in all_output(tmp_path)
+
+
+def test_a_changed_request_is_refused_unless_allowed(server, tmp_path):
+    assert crawl(server, tmp_path, ["a"])[0] == ExitCode.OK
+    code, err, _ = crawl(server, tmp_path, ["a", "b"], "--require", "id")
+    assert code == ExitCode.USAGE and "require: [] -> ['id']" in err and "--allow-config-change" in err
+    assert server.hits["b"] == 0
+    code, _, _ = crawl(server, tmp_path, ["a", "b"], "--require", "id", "--allow-config-change")
+    assert code == ExitCode.OK and server.hits["b"] == 1
+    assert crawl(server, tmp_path, ["a", "b"], "--require", "id")[0] == ExitCode.OK
+
+
+def test_knobs_are_not_part_of_the_shape(server, tmp_path):
+    assert crawl(server, tmp_path, ["a"])[0] == ExitCode.OK
+    code, _, _ = crawl(server, tmp_path, ["a", "b"], "--concurrency", "3", "--tries", "2", "--timeout", "9")
+    assert code == ExitCode.OK
+
+
+def test_a_bare_rerun_reuses_the_recorded_request_and_rereads_the_key(server, tmp_path):
+    ids = write_ids(tmp_path, ["a", "b"])
+    server.replies["b"] = [(401, b"", {})]
+    code, _, _ = run_cli([ids, "--url", server.template, "-H", "X-API-Key: ${API_KEY}"], environ={"API_KEY": "old"})
+    assert code == ExitCode.FATAL
+    server.replies["b"] = [200]
+    code, _, _ = run_cli([ids], environ={"API_KEY": "new"})
+    assert code == ExitCode.OK
+    assert [h["X-API-Key"] for h in server.seen_headers] == ["old", "old", "new"]
+
+
+def test_a_bare_rerun_asks_again_for_a_literal_header(server, tmp_path):
+    ids = write_ids(tmp_path, ["a", "b"])
+    server.replies["b"] = [(401, b"", {})]
+    run_cli([ids, "--url", server.template, "-H", "X-API-Key: literal-value"])
+    code, err, _ = run_cli([ids])
+    assert code == ExitCode.USAGE and "header X-API-Key was given as a literal value" in err
+    assert "literal-value" not in err
+
+
+def test_url_secrets_given_as_env_references_are_reusable(server, tmp_path):
+    ids = write_ids(tmp_path, ["a"])
+    code, _, _ = run_cli([ids, "--url", server.template + "?api_key=${API_KEY}"], environ={"API_KEY": SECRET})
+    assert code == ExitCode.OK and server.paths == [f"/items/a?api_key={SECRET}"]
+    record = json.loads((tmp_path / "ids.redrive" / "run.json").read_text())
+    assert record["shape"]["url"].endswith("?api_key=${API_KEY}")
+    assert SECRET not in all_output(tmp_path)
+
+
+# -------------------------------------------------------------------- check
+
+
+def test_check_reconciles_without_network_or_writes(server, tmp_path):
+    server.replies["gone"] = [404]
+    crawl(server, tmp_path, ["a", "gone", "old"])
+    sdir = tmp_path / "ids.redrive"
+    with open(sdir / "done.txt", "a") as fh:
+        fh.write("ghost\nhalf")
+    before = {p.name: p.read_bytes() for p in sdir.iterdir()}
+    hits = sum(server.hits.values())
+    ids = write_ids(tmp_path, ["a", "gone", "new", "ghost"])
+    out = io.StringIO()
+    code = redrive.main([str(ids), "--check"], out=out, err=io.StringIO(), environ={})
+    text = out.getvalue()
+    assert code == ExitCode.INCOMPLETE
+    assert summary_count(text, "done") == 2 and summary_count(text, "unavailable") == 1
+    assert summary_count(text, "pending") == 1 and summary_count(text, "not in input") == 1
+    assert "done ids without a result line: 1 (ghost)" in text and "torn last lines: 1 (done.txt)" in text
+    assert {p.name: p.read_bytes() for p in sdir.iterdir()} == before
+    assert sum(server.hits.values()) == hits
+
+
+def test_check_exits_0_when_every_id_is_settled_and_consistent(server, tmp_path):
+    server.replies["gone"] = [404]
+    crawl(server, tmp_path, ["a", "gone"])
+    out = io.StringIO()
+    code = redrive.main([str(tmp_path / "ids.txt"), "--check", "-q"], out=out, err=io.StringIO(), environ={})
+    assert code == ExitCode.OK and out.getvalue() == ""
+
+
+# ------------------------------------------------------------ bad state, disk
+
+
+def test_a_full_disk_is_one_line_exit_2_naming_the_file(server, tmp_path):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("needs /dev/full")
+    sdir = tmp_path / "ids.redrive"
+    sdir.mkdir()
+    (sdir / "results.jsonl").symlink_to("/dev/full")
+    code, err, _ = crawl(server, tmp_path, ["a", "b"])
+    assert code == ExitCode.USAGE
+    [line] = [x for x in err.splitlines() if x.startswith("redrive: error")]
+    assert "results.jsonl: write failed (No space left on device)" in line
+    assert "Traceback" not in err and state(tmp_path, "done.txt") == []
+
+
+def test_fsync_mode_writes_the_same_state(server, tmp_path):
+    code, _, _ = crawl(server, tmp_path, ["a", "b"], "--fsync")
+    assert code == ExitCode.OK and state(tmp_path, "done.txt") == ["a", "b"]
