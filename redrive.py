@@ -641,12 +641,12 @@ def last_line(path: Path) -> Optional[bytes]:
 def read_records(path: Path) -> Iterable[dict]:
     """The JSON records of a state file; a foreign line is a user error."""
     try:
-        fh = open(path, encoding="utf-8")
+        fh = open(path, "rb")
     except FileNotFoundError:
         return
     with fh:
         for number, line in enumerate(fh, 1):
-            if not line.endswith("\n"):
+            if not line.endswith(b"\n"):
                 return  # a torn last line: repaired on start, ignored by --check
             try:
                 record = json.loads(line)
@@ -667,8 +667,8 @@ def load_state(state_dir: Path, repair: bool = True) -> State:
         if note:
             state.repairs.append(note)
     try:
-        with open(state_dir / "done.txt", encoding="utf-8") as fh:
-            state.done = {line[:-1] for line in fh if line.endswith("\n")}
+        data = (state_dir / "done.txt").read_bytes()
+        state.done = set(data[:data.rfind(b"\n") + 1].decode("utf-8").split("\n")[:-1])
     except FileNotFoundError:
         pass
     except (OSError, UnicodeDecodeError):

@@ -890,8 +890,8 @@ def test_check_reconciles_without_network_or_writes(server, tmp_path):
     server.replies["gone"] = [404]
     crawl(server, tmp_path, ["a", "gone", "old"])
     sdir = tmp_path / "ids.redrive"
-    with open(sdir / "done.txt", "a") as fh:
-        fh.write("ghost\nhalf")
+    with open(sdir / "done.txt", "ab") as fh:
+        fh.write("ghost\nhé".encode()[:-1])  # torn inside a UTF-8 character
     before = {p.name: p.read_bytes() for p in sdir.iterdir()}
     hits = sum(server.hits.values())
     ids = write_ids(tmp_path, ["a", "gone", "new", "ghost"])
@@ -933,3 +933,174 @@ def test_a_full_disk_is_one_line_exit_2_naming_the_file(server, tmp_path):
 def test_fsync_mode_writes_the_same_state(server, tmp_path):
     code, _, _ = crawl(server, tmp_path, ["a", "b"], "--fsync")
     assert code == ExitCode.OK and state(tmp_path, "done.txt") == ["a", "b"]
+
+
+# ------------------------------------------------------- kill -9 and repair
+
+
+def check_any_moment_invariants(sdir):
+    """What must hold in the state dir whenever a process dies, before repair."""
+    texts = {name: (sdir / name).read_bytes() if (sdir / name).exists() else b"" for name in redrive.STATE_FILES}
+    complete = {name: data[:data.rfind(b"\n") + 1].decode().splitlines() for name, data in texts.items()}
+    done = complete["done.txt"]
+    results = [json.loads(line)["id"] for line in complete["results.jsonl"]]
+    assert len(done) == len(set(done)), "an id is in done.txt twice"
+    assert set(done) <= set(results), "a done id has no result line"
+    assert len(results) == len(set(results)), "an id has two result lines"
+    assert set(results) - set(done) <= set(results[-1:]), "only the last result may lack its done line"
+    unavailable = {json.loads(line)["id"] for line in complete["unavailable.jsonl"]}
+    assert not unavailable & set(done)
+
+
+def check_finished_invariants(sdir, ids):
+    done = (sdir / "done.txt").read_text().splitlines()
+    results = [json.loads(line)["id"] for line in (sdir / "results.jsonl").read_text().splitlines()]
+    unavailable = [json.loads(line)["id"] for line in (sdir / "unavailable.jsonl").read_text().splitlines()]
+    assert sorted(done) == sorted(results) and len(done) == len(set(done))
+    assert sorted(done + unavailable) == sorted(ids), "every id in exactly one terminal place"
+    for name in redrive.STATE_FILES:
+        data = (sdir / name).read_bytes()
+        assert not data or data.endswith(b"\n"), f"{name} has a torn line"
+
+
+def kill_script(server, ids):
+    for n, item in enumerate(ids):
+        size = 600_000 if n % 13 == 0 else 200 + n * 37
+        body = json.dumps({"id": item, "pad": "p" * size}).encode()
+        ok = ("sleep", 0.003, (200, body, {"Content-Type": "application/json"}))
+        server.replies[item] = [404] if n % 10 == 3 else [503, ok] if n % 7 == 2 else [ok]
+
+
+@pytest.mark.parametrize("kill_points", [(1, 9, 30, 55), (4, 17, 41, 80)])
+def test_kill_9_at_many_points_then_rerun_loses_and_duplicates_nothing(server, tmp_path, kill_points):
+    ids = [f"k{n}" for n in range(100)]
+    kill_script(server, ids)
+    ids_file = write_ids(tmp_path, ids)
+    sdir = tmp_path / "ids.redrive"
+    cmd = redrive_cmd(ids_file, "--url", server.template, "--concurrency", "4", "--backoff", "0.01",
+                      "--cooldown", "0", "-q")
+    snapshots = []
+    for k in kill_points:
+        proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+        wait_for_lines(sdir / "done.txt", k, proc)
+        proc.kill()
+        proc.wait(timeout=10)
+        check_any_moment_invariants(sdir)
+        snapshots.append((set(state(tmp_path, "done.txt")), Counter(server.hits)))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    check_finished_invariants(sdir, ids)
+    for done_then, hits_then in snapshots:
+        assert all(server.hits[i] == hits_then[i] for i in done_then), "a stored result was fetched again"
+
+
+# The ledger's transitions and its repair, as a state machine: every write a
+# run can make, a kill between a result and its done line, and a kill in the
+# middle of any line; after each restart the files must match the model.
+
+from hypothesis import settings, strategies as st  # noqa: E402
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule  # noqa: E402
+
+IDS = st.sampled_from(["a", "b", "c", "d", "é-ü", "with space", "x" * 300])
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        import tempfile
+        self.dir = Path(tempfile.mkdtemp(prefix="ledger-"))
+        self.done, self.failed, self.unavailable = [], {}, set()
+        self.last_file = None
+        self.ledger = redrive.Ledger(self.dir)
+        self.ledger.open()
+
+    def teardown(self):
+        self.ledger.close()
+        import shutil
+        shutil.rmtree(self.dir)
+
+    def restart(self):
+        """A new run: repair, read, complete a lost done line."""
+        self.ledger.close()
+        self.state = redrive.load_state(self.dir)
+        self.ledger = redrive.Ledger(self.dir)
+        self.ledger.open()
+        redrive.complete_lost_done(self.state, self.ledger)
+        self.last_file = None
+
+    def pending(self, item):
+        return item not in self.done and item not in self.unavailable
+
+    def result(self, item):
+        return {"id": item, "url": "http://x/" + item, "status": 200, "fetched_at": "t", "body": {"v": item * 3}}
+
+    @rule(item=IDS)
+    def succeed(self, item):
+        if self.pending(item):
+            self.ledger.success(item, self.result(item))
+            self.done.append(item)
+            self.last_file = "done.txt"
+
+    @rule(item=IDS, pass_no=st.integers(1, 3))
+    def fail_a_pass(self, item, pass_no):
+        if self.pending(item):
+            self.ledger.record("failed.jsonl", {"id": item, "pass": pass_no, "bucket": "retryable", "status": 503,
+                                                "error": "503", "tries": 5, "at": "2026-01-01T00:00:00.000000Z"})
+            self.previous_failed = self.failed.get(item)
+            self.failed[item] = pass_no
+            self.last_file, self.last_item = "failed.jsonl", item
+
+    @rule(item=IDS)
+    def give_up(self, item):
+        if self.pending(item):
+            self.ledger.record("unavailable.jsonl", {"id": item, "reason": "404", "status": 404, "bucket": "skip",
+                                                     "tries": 1, "at": "2026-01-01T00:00:00.000001Z", "action": "drop"})
+            self.unavailable.add(item)
+            self.last_file, self.last_item = "unavailable.jsonl", item
+
+    @rule(item=IDS)
+    def killed_between_result_and_done(self, item):
+        if self.pending(item):
+            self.ledger.record("results.jsonl", self.result(item))
+            self.restart()
+            self.done.append(item)
+
+    @rule(item=IDS, keep=st.floats(0.0, 0.999))
+    def killed_while_writing_a_result(self, item, keep):
+        if self.pending(item):
+            line = json.dumps(self.result(item)).encode()
+            with open(self.dir / "results.jsonl", "ab") as fh:
+                fh.write(line[:int(len(line) * keep)])
+            self.restart()
+
+    @precondition(lambda self: self.last_file is not None)
+    @rule(cut=st.floats(0.001, 1.0))
+    def killed_while_writing_the_last_line(self, cut):
+        """Tear the last line written: keep a prefix of it, without its newline."""
+        path = self.dir / self.last_file
+        data = path.read_bytes()
+        start = data.rfind(b"\n", 0, len(data) - 1) + 1
+        keep = start + int((len(data) - 1 - start) * (1 - cut))
+        path.write_bytes(data[:keep])
+        if self.last_file == "failed.jsonl":
+            self.failed.pop(self.last_item)
+            if self.previous_failed is not None:
+                self.failed[self.last_item] = self.previous_failed
+        elif self.last_file == "unavailable.jsonl":
+            self.unavailable.discard(self.last_item)
+        self.restart()  # a torn done line is cut, then completed from its result line
+
+    @invariant()
+    def files_match_the_model(self):
+        state = redrive.load_state(self.dir, repair=False)
+        assert state.done == set(self.done)
+        results = [r["id"] for r in redrive.read_records(self.dir / "results.jsonl")]
+        assert sorted(results) == sorted(self.done), "each done id has exactly one result line"
+        assert {i: r["pass"] for i, r in state.failed.items()} == self.failed
+        assert set(state.unavailable) == self.unavailable
+        for name in redrive.STATE_FILES:
+            assert not redrive.has_torn_tail(self.dir / name)
+
+
+LedgerMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=25, deadline=None)
+test_ledger_state_machine = LedgerMachine.TestCase
