@@ -50,6 +50,7 @@ import os
 import queue
 import random
 import re
+import shutil
 import signal
 import sys
 import threading
@@ -94,6 +95,13 @@ LISTED_UNAVAILABLE = 20
 
 #: Without --fsync, dirty state files are fsynced at least this often (seconds).
 SYNC_INTERVAL = 1.0
+
+#: Seconds between two progress lines: on a terminal, and in a log or pipe.
+TTY_INTERVAL = 0.25
+LOG_INTERVAL = 30.0
+
+#: Seconds of history behind the requests-per-second figure and the ETA.
+RATE_WINDOW = 10.0
 
 #: Bytes of a fatal response's body shown to the user.
 EXCERPT_CHARS = 200
@@ -164,6 +172,7 @@ class Config:
     max_bytes: int = 50 * 1024 * 1024
     quiet: bool = False
     fsync: bool = False
+    report: Optional[Path] = None
     demo: bool = False
     allow_config_change: bool = False
     secrets: tuple = ()  #: header values and ${VAR} values: shown as *** if ever echoed
@@ -304,26 +313,29 @@ def status_reason(status: int) -> str:
         return f"HTTP {status}"
 
 
-def recommend(bucket: Bucket, status: Optional[int], reason: str, passes: int) -> str:
-    """The plain-words next step for an id that ends up unavailable."""
+def recommend(bucket: Bucket, status: Optional[int], reason: str, passes: int, many: bool = False) -> str:
+    """The plain-words next step for an id (or, with many, a group of ids) that ends up unavailable."""
+    it, item = ("them", "the items") if many else ("it", "the item")
     if bucket is Bucket.SKIP:
         if status in (404, 410):
-            return f"removed upstream ({status}): drop it from the input list"
+            return f"removed upstream ({status}): drop {it} from the input list"
         if status == 400:
-            return "rejected as a bad request (400): check the id and the --url template"
+            return "rejected as a bad request (400): check the ids and the --url template"
+        if reason.startswith("body over"):
+            return f"too large to read: raise --max-bytes, then rerun with --retry-unavailable"
         if status is None:
             return f"{reason}: fix the URL or the host, then rerun with --retry-unavailable"
-        return f"{status} is not retried: check the item upstream, or add {status} to --retry"
+        return f"{status} is not retried: check {item} upstream, or add {status} to --retry"
     after = f"after {passes} pass{'es' if passes != 1 else ''}"
     if status == 429:
-        return f"still throttled (429) {after}: lower --concurrency, rerun with --retry-unavailable"
+        return f"host still throttling {after}: lower --rate or --concurrency, then rerun with --retry-unavailable"
     if reason.startswith("timeout"):
         return f"still timing out {after}: raise --timeout, or rerun later with --retry-unavailable"
     if status is not None and 200 <= status < 300:
         return f"still {reason} {after}: look at one response (a login wall, an error page?), " \
                "then rerun with --retry-unavailable"
     shown = status if status is not None else reason
-    return f"still {shown} {after}: check the item upstream, or rerun with --retry-unavailable"
+    return f"still {shown} {after}: check {item} upstream, or rerun with --retry-unavailable"
 
 
 def redact_url(url: str) -> str:
@@ -938,9 +950,10 @@ class Batch:
     """Runs the passes: schedules ids by the time they become ready, hands
     them to worker threads, and settles every outcome in this one thread."""
 
-    def __init__(self, cfg: Config, ledger: Ledger, state: State, fx: Effects, redact: Redactor, say):
+    def __init__(self, cfg: Config, ledger: Ledger, state: State, fx: Effects, redact: Redactor, progress):
         self.cfg, self.ledger, self.state, self.fx = cfg, ledger, state, fx
-        self.redact, self.say = redact, say
+        self.redact, self.progress = redact, progress
+        self.counts = Counter()  #: done, unavailable, awaiting (a later pass): for the progress line
         self.heap, self.seq = [], itertools.count()
         self.jobs = queue.Queue()
         self.outcomes = queue.SimpleQueue()  # put() is safe in a signal handler
@@ -954,6 +967,8 @@ class Batch:
     # -- scheduling
 
     def schedule(self, item: Item, ready_at: float) -> None:
+        if item.pass_no > 1 and item.tries == 0:
+            self.counts["awaiting"] += 1
         heapq.heappush(self.heap, (ready_at, next(self.seq), item))
 
     def request_stop(self, why: str) -> None:
@@ -971,6 +986,7 @@ class Batch:
         try:
             while self.heap or self.inflight:
                 self.ledger.sync_if_due()
+                self.progress.tick(self)
                 if self.end_at is not None and not self.tally.stop and self.fx.clock() >= self.end_at:
                     self.request_stop("time")
                 if not self.tally.stop:
@@ -988,10 +1004,12 @@ class Batch:
         now = self.fx.clock()
         while self.heap and self.inflight < self.cfg.concurrency and self.heap[0][0] <= now:
             item = heapq.heappop(self.heap)[2]
+            if item.pass_no > 1 and item.tries == 0:
+                self.counts["awaiting"] -= 1
             if item.pass_no not in self.started_passes:
                 self.started_passes.add(item.pass_no)
                 if item.pass_no > 1:
-                    self.say(f"pass {item.pass_no}: re-driving ids that failed pass {item.pass_no - 1}")
+                    self.progress.say(f"pass {item.pass_no}: re-driving ids that failed pass {item.pass_no - 1}")
             self.inflight += 1
             self.tally.requests += 1
             self.jobs.put(item)
@@ -1007,11 +1025,13 @@ class Batch:
         timeout = max(0.0, min(limits) - now) if limits else None
         if not self.inflight:
             self.ledger.sync()  # about to idle: a good moment to make the state durable
+            if self.fx.sleep is None and self.progress.due_in() is not None:
+                timeout = min(timeout or 0.0, self.progress.due_in())  # keep the status line alive
             self.sleep(timeout or 0.0)
             return
-        sync_in = self.ledger.seconds_to_sync()
-        if sync_in is not None:
-            timeout = sync_in if timeout is None else min(timeout, sync_in)
+        for due in (self.ledger.seconds_to_sync(), self.progress.due_in()):
+            if due is not None:
+                timeout = due if timeout is None else min(timeout, due)
         try:
             message = self.outcomes.get(timeout=timeout)
         except queue.Empty:
@@ -1060,6 +1080,7 @@ class Batch:
             record["final_url"] = redact_url(out.final_url)
         self.ledger.success(item.id, record)
         self.state.done.add(item.id)
+        self.counts["done"] += 1
         self.tally.count(item.pass_no, "done")
 
     def _retry_or_fail(self, item: Item, out: Outcome) -> None:
@@ -1094,6 +1115,7 @@ class Batch:
                                     self.fx.wallclock(), self.cfg.passes)
         self.ledger.record("unavailable.jsonl", record)
         self.state.unavailable[item.id] = record
+        self.counts["unavailable"] += 1
         self.tally.count(item.pass_no, "unavailable")
 
 
@@ -1107,14 +1129,17 @@ def plan(ids: list, state: State, cfg: Config, batch: Batch, ledger: Ledger, fx:
     now, wall = fx.clock(), fx.wallclock()
     for item_id in ids:
         if item_id in state.done:
+            batch.counts["done"] += 1
             continue
         if item_id in state.unavailable and not cfg.retry_unavailable:
+            batch.counts["unavailable"] += 1
             continue
         last = latest_failure(state, item_id)
         if last is None:
             batch.schedule(Item(item_id), now)
         elif last["pass"] >= cfg.passes:
             settle_exhausted(item_id, last, ledger, state, cfg, wall)
+            batch.counts["unavailable"] += 1
         else:
             wait = max(cfg.cooldown, last.get("retry_after") or 0.0)
             ready = now + max(0.0, parse_iso(last["at"]) + wait - wall)
@@ -1132,36 +1157,151 @@ def settle_exhausted(item_id, last, ledger, state, cfg, wall) -> None:
 # ----------------------------------------------------------------- report
 
 
-def summarize(ids: list, duplicates: int, state: State, tally: Tally, elapsed: float, cfg: Config) -> list:
-    """The end-of-run summary, as lines for stderr."""
-    done = sum(1 for i in ids if i in state.done)
-    unavailable = [i for i in ids if i not in state.done and i in state.unavailable]
-    failed = [i for i in ids if i not in state.done and i not in state.unavailable and i in state.failed]
-    pending = len(ids) - done - len(unavailable) - len(failed)
-    dup = f" ({duplicates} duplicate line{'s' if duplicates != 1 else ''} ignored)" if duplicates else ""
-    reasons = Counter(state.unavailable[i]["reason"] for i in unavailable)
-    lines = [f"redrive: {len(ids)} ids{dup}, {tally.requests} requests in {elapsed:.1f} s",
-             f"  done         {done:>7}",
-             f"  unavailable  {len(unavailable):>7}" + "".join(f"{', ' if k else '  '}{n} x {r}"
-                                                           for k, (r, n) in enumerate(reasons.most_common())),
-             f"  failed       {len(failed):>7}  (waiting for pass {cfg.passes} or later)" if failed
-             else f"  failed       {0:>7}",
-             f"  pending      {pending:>7}"]
-    for pass_no in sorted(tally.per_pass):
-        counts = tally.per_pass[pass_no]
-        lines.append(f"  pass {pass_no}: " + ", ".join(f"{counts[k]} {k}" for k in ("done", "failed", "unavailable")
-                                                     if counts[k]))
-    lines += unavailable_lines([state.unavailable[i] for i in unavailable])
+class Progress:
+    """The status line on stderr: rewritten in place a few times a second on
+    a terminal, one plain line every 30 s anywhere else, nothing with -q."""
+
+    def __init__(self, stream, total: int, clock: Callable[[], float], quiet: bool):
+        self.stream, self.total, self.clock = stream, total, clock
+        self.quiet = quiet
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self.interval = TTY_INTERVAL if self.tty else LOG_INTERVAL
+        self.next_at = clock() + self.interval
+        self.window = [(clock(), 0, 0)]  #: (time, requests, settled) samples for the rates
+        self.shown = False
+
+    def due_in(self) -> Optional[float]:
+        return None if self.quiet else max(0.0, self.next_at - self.clock())
+
+    def tick(self, batch: "Batch") -> None:
+        now = self.clock()
+        if self.quiet or now < self.next_at:
+            return
+        self.next_at = now + self.interval
+        line = self.render(batch, now)
+        self.stream.write(f"\r{line}\x1b[K" if self.tty else f"redrive: {line}\n")
+        self.stream.flush()
+        self.shown = self.tty
+
+    def render(self, batch: "Batch", now: float) -> str:
+        done, unavailable = batch.counts["done"], batch.counts["unavailable"]
+        self.window.append((now, batch.tally.requests, done + unavailable))
+        self.window = [w for w in self.window if now - w[0] <= RATE_WINDOW] or self.window[-1:]
+        span = max(now - self.window[0][0], 1e-9)
+        rate = (self.window[-1][1] - self.window[0][1]) / span
+        settling = (self.window[-1][2] - self.window[0][2]) / span
+        parts = [f"pass {max(batch.started_passes, default=1)}", f"{done}/{self.total} done",
+                 f"{unavailable} unavailable", f"{batch.counts['awaiting']} failed", f"{rate:.1f} req/s"]
+        if not batch.inflight and batch.heap and batch.heap[0][0] > now:
+            parts.append(f"pausing {batch.heap[0][0] - now:.0f} s")
+        left = self.total - done - unavailable
+        if settling > 0 and left:
+            parts.append(f"ETA {duration(left / settling)}")
+        return ", ".join(parts)
+
+    def say(self, line: str) -> None:
+        """An event line, printed above the status line."""
+        if not self.quiet:
+            self.clear()
+            print(line, file=self.stream, flush=True)
+
+    def clear(self) -> None:
+        if self.shown:
+            self.stream.write("\r\x1b[K")
+            self.shown = False
+
+
+def duration(seconds: float) -> str:
+    """'42 s', '3m12s', '2h05m': short enough for a status line."""
+    seconds = max(1, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+PENDING_REASONS = {  #: why an id is still pending, by how the run ended
+    "": ("not requested yet", "rerun to continue"),
+    "time": ("time budget reached", "rerun to resume"),
+    "interrupted": ("run interrupted", "rerun to resume"),
+    "terminated": ("run terminated", "rerun to resume"),
+    "fatal": ("run halted by a fatal response", "fix the key or the account, then rerun to resume"),
+}
+
+
+def residue(ids: list, state: State, tally: Tally) -> list:
+    """Every id that is not done, with its state, reason and recommended action."""
+    rows = []
+    for item_id in ids:
+        if item_id in state.done:
+            continue
+        if item_id in state.unavailable:
+            r = state.unavailable[item_id]
+            rows.append({"id": item_id, "state": "unavailable", "reason": r["reason"], "status": r["status"],
+                         "bucket": r["bucket"], "action": r["action"]})
+        elif latest_failure(state, item_id):
+            f = state.failed[item_id]
+            rows.append({"id": item_id, "state": "failed", "reason": f["error"], "status": f["status"],
+                         "bucket": f["bucket"], "action": f"waits for pass {f['pass'] + 1}: rerun to continue"})
+        else:
+            reason, action = PENDING_REASONS[tally.stop]
+            rows.append({"id": item_id, "state": "pending", "reason": reason, "status": None,
+                         "bucket": None, "action": action})
+    return rows
+
+
+def group_residue(rows: list, cfg: Config) -> list:
+    """One line per (state, reason): how many ids, and the one thing to do about them."""
+    groups = Counter((r["state"], r["reason"], r["status"], r["bucket"]) for r in rows)
+    lines = []
+    for (state, reason, status, bucket), count in groups.most_common():
+        if state == "unavailable":
+            action = recommend(Bucket(bucket), status, reason, cfg.passes, many=count > 1)
+        else:
+            action = next(r["action"] for r in rows if (r["state"], r["reason"]) == (state, reason))
+        lines.append({"state": state, "reason": reason, "count": count, "action": action})
     return lines
 
 
-def unavailable_lines(records: list) -> list:
-    if not records:
-        return []
-    lines = ["unavailable ids (reason: action):"]
-    lines += [f"  {r['id']}: {r['reason']}: {r['action']}" for r in records[:LISTED_UNAVAILABLE]]
-    if len(records) > LISTED_UNAVAILABLE:
-        lines.append(f"  ... and {len(records) - LISTED_UNAVAILABLE} more: see unavailable.jsonl")
+def build_report(ids: list, duplicates: int, state: State, tally: Tally, cfg: Config,
+                 elapsed: float, code: ExitCode, redact: Redactor) -> dict:
+    """report.json: what this run did and exactly what is missing, and why."""
+    rows = residue(ids, state, tally)
+    counts = Counter(r["state"] for r in rows)
+    return {
+        "redrive": __version__, "ids_file": str(cfg.ids_file), "state_dir": str(cfg.state_dir),
+        "url": redact(redact_url(cfg.url)), "finished_at": iso(time.time()),
+        "exit_code": int(code), "stop": tally.stop or None, "elapsed_s": round(elapsed, 3),
+        "requests": tally.requests, "passes": cfg.passes,
+        "counts": {"input": len(ids), "duplicates": duplicates, "done": len(ids) - len(rows),
+                   "unavailable": counts["unavailable"], "failed": counts["failed"], "pending": counts["pending"]},
+        "per_pass": {str(p): dict(c) for p, c in sorted(tally.per_pass.items())},
+        "reasons": group_residue(rows, cfg),
+        "unresolved": rows,
+    }
+
+
+def summarize(report: dict) -> list:
+    """The end-of-run summary for stderr, drawn from the report."""
+    c = report["counts"]
+    dup = f" ({c['duplicates']} duplicate line{'s' if c['duplicates'] != 1 else ''} ignored)" if c["duplicates"] else ""
+    lines = [f"redrive: {c['input']} ids{dup}, {report['requests']} requests in {report['elapsed_s']:.1f} s"]
+    lines += [f"  {label:<13}{c[label]:>7}" for label in ("done", "unavailable", "failed", "pending")]
+    for pass_no, counts in report["per_pass"].items():
+        lines.append(f"  pass {pass_no}: " + ", ".join(f"{counts[k]} {k}" for k in ("done", "failed", "unavailable")
+                                                     if counts.get(k)))
+    if report["reasons"]:
+        lines.append("what is missing, and what to do:")
+        for group in report["reasons"]:
+            what = group["reason"] if group["state"] == "unavailable" else f"{group['state']}, {group['reason']}"
+            lines.append(f"  {group['count']} x {what}: {group['action']}")
+    unavailable = [r for r in report["unresolved"] if r["state"] == "unavailable"]
+    if unavailable:
+        lines.append("unavailable ids (reason: action):")
+        lines += [f"  {r['id']}: {r['reason']}: {r['action']}" for r in unavailable[:LISTED_UNAVAILABLE]]
+        if len(unavailable) > LISTED_UNAVAILABLE:
+            lines.append(f"  ... and {len(unavailable) - LISTED_UNAVAILABLE} more: see unavailable.jsonl")
     return lines
 
 
@@ -1377,7 +1517,8 @@ def status_codes(text: str) -> frozenset:
 
 EXAMPLES = """examples:
   python redrive.py sample_ids.txt --demo
-  API_KEY=... python redrive.py ids.txt --url 'https://api.example.com/items/{id}' -H 'X-API-Key: ${API_KEY}' -q
+  python redrive.py ids.txt --url 'https://api.example.com/items/{id}' \\
+      -H 'X-API-Key: ${API_KEY}' -q
 """
 
 
@@ -1385,41 +1526,56 @@ REQUEST_OPTIONS = ("url", "header", "method", "data", "expect_json", "require", 
 METHOD = re.compile(r"^[A-Z]+$")
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """One line per option, '-H, --header VALUE' rather than the metavar twice."""
+
+    def __init__(self, prog):
+        super().__init__(prog, max_help_position=32, width=min(100, shutil.get_terminal_size().columns))
+
+    def _format_action_invocation(self, action):
+        if not action.option_strings or action.nargs == 0:
+            return super()._format_action_invocation(action)
+        return f"{', '.join(action.option_strings)} {self._format_args(action, action.dest.upper())}"
+
+
+USAGE = "redrive.py IDS_FILE [--url TEMPLATE] [-H 'NAME: VALUE'] [options]"
+
+
 def build_parser() -> Parser:
-    p = Parser(prog="redrive.py", description="Finish a batch of HTTP requests: resumable, two passes, "
-               "every missing id reported with its reason.", epilog=EXAMPLES,
-               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("ids_file", metavar="IDS_FILE", type=Path, help="one id (or full URL) per line")
-    req = p.add_argument_group("request (recorded in run.json; a rerun without them reuses it)")
-    req.add_argument("--url", metavar="TEMPLATE", help="URL with {id}; ${VAR} read (default: the id is the URL)")
+    p = Parser(prog="redrive.py", usage=USAGE, epilog=EXAMPLES, formatter_class=HelpFormatter,
+               description="Finish a batch of HTTP requests, resumably; say what is missing and why.")
+    p.add_argument("ids_file", metavar="IDS_FILE", type=Path, help="one id (or full http(s) URL) per line")
+    req = p.add_argument_group("request (kept in run.json: a rerun without these reuses them)")
+    req.add_argument("--url", metavar="TEMPLATE", help="URL with {id} (default: each id is a URL)")
     req.add_argument("-H", "--header", action="append", default=[], metavar="'NAME: VALUE'",
-                     help="extra header, repeatable; ${VAR} is read from the environment")
+                     help="repeatable; ${VAR} is read from the env")
     req.add_argument("--method", type=str.upper, metavar="M", help="HTTP method (GET)")
-    req.add_argument("--data", metavar="TEMPLATE", help="request body with {id}, JSON-escaped in a JSON body")
-    req.add_argument("--expect-json", action="store_true", help="a body that is not JSON is retried")
-    req.add_argument("--require", action="append", default=[], metavar="TEXT", help="the body must contain TEXT")
+    req.add_argument("--data", metavar="TEMPLATE", help="request body with {id}")
+    req.add_argument("--expect-json", action="store_true", help="retry a body that is not JSON")
+    req.add_argument("--require", action="append", default=[], metavar="TEXT", help="retry a body without TEXT")
     req.add_argument("--require-field", action="append", default=[], metavar="NAME",
-                     help="a top-level JSON field that must be present and not null")
-    req.add_argument("--demo", action="store_true", help="run against a built-in misbehaving local API")
+                     help="retry JSON whose field NAME is null/missing")
+    req.add_argument("--demo", action="store_true", help="use a built-in misbehaving API on 127.0.0.1")
     run = p.add_argument_group("run")
-    run.add_argument("--state-dir", type=Path, metavar="DIR", help="default: IDS_FILE without extension + .redrive")
+    run.add_argument("--state-dir", type=Path, metavar="DIR", help="default: IDS_FILE's name + .redrive")
     run.add_argument("--concurrency", type=positive_int, default=4, metavar="N", help="worker threads (4)")
-    run.add_argument("--timeout", type=positive_seconds, default=30.0, metavar="S", help="whole-attempt limit (30)")
+    run.add_argument("--timeout", type=positive_seconds, default=30.0, metavar="S", help="limit per attempt (30)")
     run.add_argument("--tries", type=positive_int, default=5, metavar="N", help="attempts per pass (5)")
-    run.add_argument("--passes", type=positive_int, default=2, metavar="N", help="passes over failures (2)")
+    run.add_argument("--passes", type=positive_int, default=2, metavar="N", help="passes; later ones re-drive failures (2)")
     run.add_argument("--backoff", type=seconds, default=1.0, metavar="S", help="first backoff, doubling (1)")
     run.add_argument("--max-backoff", type=seconds, default=60.0, metavar="S", help="backoff cap (60)")
     run.add_argument("--cooldown", type=seconds, default=30.0, metavar="S", help="wait before a failure's next pass (30)")
     run.add_argument("--fatal", type=status_codes, metavar="CODES", help="statuses that halt the job (401,402)")
-    run.add_argument("--retry", type=status_codes, metavar="CODES", help="statuses to retry (408,429,5xx but 501,505)")
-    run.add_argument("--skip", type=status_codes, metavar="CODES", help="statuses settled as unavailable (400,404,410)")
+    run.add_argument("--retry", type=status_codes, metavar="CODES", help="statuses retried (408,429,5xx but 501,505)")
+    run.add_argument("--skip", type=status_codes, metavar="CODES", help="statuses settled at once (400,404,410)")
     run.add_argument("--max-bytes", type=positive_int, default=50 * 1024 * 1024, metavar="N",
-                     help="a larger body is not read, the id is skipped (50 MiB)")
-    run.add_argument("--retry-unavailable", action="store_true", help="bring unavailable ids back for this run")
-    run.add_argument("--max-time", type=positive_seconds, metavar="S", help="start no request after S seconds; exit 1")
-    run.add_argument("--fsync", action="store_true", help="fsync every record before the next step")
-    run.add_argument("--allow-config-change", action="store_true", help="accept a request that differs from run.json")
-    run.add_argument("--check", action="store_true", help="no network: reconcile IDS_FILE with the state, exit 0 or 1")
+                     help="skip a body larger than N bytes (50 MiB)")
+    run.add_argument("--retry-unavailable", action="store_true", help="bring unavailable ids back, for one run")
+    run.add_argument("--max-time", type=positive_seconds, metavar="S", help="start no request after S s, exit 1")
+    run.add_argument("--report", type=Path, metavar="FILE", help="write report.json to FILE too")
+    run.add_argument("--fsync", action="store_true", help="fsync each record before the next step")
+    run.add_argument("--allow-config-change", action="store_true", help="accept a request unlike run.json's")
+    run.add_argument("--check", action="store_true", help="no network: reconcile IDS_FILE and the state")
     run.add_argument("-q", "--quiet", action="store_true", help="print nothing unless the exit code is not 0")
     run.add_argument("--version", action="version", version=f"redrive {__version__}")
     return p
@@ -1452,7 +1608,7 @@ def config_from_args(args, environ, record: Optional[dict]) -> Config:
         backoff=args.backoff, max_backoff=args.max_backoff, cooldown=args.cooldown,
         fatal=fatal, retry=retry, skip=skip, max_bytes=args.max_bytes,
         retry_unavailable=args.retry_unavailable, max_time=args.max_time, quiet=args.quiet,
-        fsync=args.fsync, demo=args.demo, allow_config_change=args.allow_config_change,
+        fsync=args.fsync, demo=args.demo, report=args.report, allow_config_change=args.allow_config_change,
         secrets=tuple(v for _, v, _ in headers) + tuple(env_values(f"{url_spec} {args.data}", environ)))
 
 
@@ -1502,7 +1658,6 @@ class StopSignals:
 
 def run(cfg: Config, fx: Effects, err) -> ExitCode:
     """Load the state, run the passes, report. Raises RedriveError for setup problems."""
-    say = (lambda line: None) if cfg.quiet else (lambda line: print(line, file=err, flush=True))
     started = fx.clock()
     ids, duplicates = read_ids(cfg.ids_file)
     redact = Redactor(cfg.secrets + tuple(secret_query_values(cfg.url)))
@@ -1517,15 +1672,23 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
             complete_lost_done(state, ledger)
             for note in state.repairs:
                 print(f"redrive: warning: {note}", file=err)
-            batch = Batch(cfg, ledger, state, fx, redact, say)
+            progress = Progress(err, len(ids), fx.clock, cfg.quiet)
+            batch = Batch(cfg, ledger, state, fx, redact, progress)
             plan(ids, state, cfg, batch, ledger, fx)
-            say(f"redrive: {len(ids)} ids, {len(batch.heap)} to fetch, state in {cfg.state_dir}")
+            progress.say(f"redrive: {len(ids)} ids, {len(batch.heap)} to fetch, state in {cfg.state_dir}")
             with StopSignals(batch):
-                tally = batch.run()
+                try:
+                    tally = batch.run()
+                finally:
+                    progress.clear()
         finally:
             ledger.close()
     code = exit_code(ids, state, tally)
-    lines = stop_lines(tally, cfg, redact) + summarize(ids, duplicates, state, tally, fx.clock() - started, cfg)
+    report = build_report(ids, duplicates, state, tally, cfg, fx.clock() - started, code, redact)
+    text = json.dumps(report, indent=1, ensure_ascii=False) + "\n"
+    for path in filter(None, (cfg.state_dir / "report.json", cfg.report)):
+        write_atomically(path, text)
+    lines = stop_lines(tally, cfg, redact) + summarize(report)
     if code != ExitCode.OK or not cfg.quiet:
         print("\n".join(lines), file=err, flush=True)
     return code
