@@ -1009,7 +1009,7 @@ class Batch:
             if item.pass_no not in self.started_passes:
                 self.started_passes.add(item.pass_no)
                 if item.pass_no > 1:
-                    self.progress.say(f"pass {item.pass_no}: re-driving ids that failed pass {item.pass_no - 1}")
+                    self.progress.say(f"redrive: pass {item.pass_no}: re-driving ids that failed pass {item.pass_no - 1}")
             self.inflight += 1
             self.tally.requests += 1
             self.jobs.put(item)

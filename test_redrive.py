@@ -1104,3 +1104,83 @@ class LedgerMachine(RuleBasedStateMachine):
 
 LedgerMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=25, deadline=None)
 test_ledger_state_machine = LedgerMachine.TestCase
+
+
+# ------------------------------------------------- progress and the report
+
+
+def test_progress_off_a_terminal_is_a_plain_line_every_30_s(server, tmp_path):
+    server.replies["f"] = [500, 200]
+    code, err, fake = crawl(server, tmp_path, ["f", "g"], "--tries", "1", "--cooldown", "70")
+    assert code == ExitCode.OK and fake.sleeps == [70.0]
+    lines = [x for x in err.splitlines() if x.startswith("redrive: pass ")]
+    assert lines == ["redrive: pass 1, 1/2 done, 0 unavailable, 1 failed, 0.0 req/s"]
+    assert "\r" not in err and "\x1b" not in err
+
+
+def test_progress_on_a_terminal_rewrites_one_line_and_hides_secrets(server, tmp_path):
+    import pty
+    ids = [f"p{i}" for i in range(120)]
+    for item in ids:
+        server.replies[item] = [("sleep", 0.01, 200)]
+    ids_file = write_ids(tmp_path, ids)
+    master, slave = pty.openpty()
+    env = {**os.environ, "API_KEY": SECRET}
+    proc = subprocess.Popen(redrive_cmd(ids_file, "--url", server.template + "?token=" + SECRET, "--concurrency", "2",
+                                        "-H", "X-API-Key: ${API_KEY}"),
+                            stdin=slave, stdout=slave, stderr=slave, env=env)
+    os.close(slave)
+    output = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        output += chunk
+    assert proc.wait(timeout=30) == 0
+    text = output.decode()
+    statuses = re.findall(r"\r(pass 1, \d+/120 done[^\r\x1b]*)\x1b\[K", text)
+    assert len(statuses) >= 2 and "req/s" in statuses[-1]
+    assert SECRET not in text
+
+
+def test_report_json_lists_every_unresolved_id_with_reason_and_action(server, tmp_path):
+    server.replies.update({"gone1": [404], "gone2": [404], "bad": [500], "slow": [500, 200]})
+    ids = ["ok", "gone1", "gone2", "bad", "slow", "later"]
+    code, err, _ = crawl(server, tmp_path, ids, "--tries", "1", "--passes", "1", "--max-time", "0.001",
+                         "--report", tmp_path / "copy.json")
+    report = json.loads((tmp_path / "ids.redrive" / "report.json").read_text())
+    assert json.loads((tmp_path / "copy.json").read_text()) == report
+    assert report["exit_code"] == code
+    assert report["counts"]["input"] == 6
+    assert sum(report["counts"][k] for k in ("done", "unavailable", "failed", "pending")) == 6
+    unresolved = {r["id"]: r for r in report["unresolved"]}
+    assert set(unresolved) | set(state(tmp_path, "done.txt")) == set(ids)
+    for row in unresolved.values():
+        assert row["reason"] and row["action"] and row["state"] in ("unavailable", "failed", "pending")
+
+
+def test_summary_groups_the_residue_by_reason_with_one_action_each(server, tmp_path):
+    server.replies.update({"g1": [404], "g2": [404], "t": [429], "b": [401]})
+    code, err, _ = crawl(server, tmp_path, ["g1", "g2", "t", "ok"], "--tries", "1", "--cooldown", "0")
+    assert code == ExitCode.OK
+    assert "  2 x 404 Not Found: removed upstream (404): drop them from the input list" in err
+    assert "  1 x 429 Too Many Requests: host still throttling after 2 passes: lower --rate" in err
+    report = json.loads((tmp_path / "ids.redrive" / "report.json").read_text())
+    assert [(g["reason"], g["count"]) for g in report["reasons"]] == [("404 Not Found", 2),
+                                                                      ("429 Too Many Requests", 1)]
+    code, err, _ = crawl(server, tmp_path, ["g1", "g2", "t", "ok", "b", "c", "d"])
+    assert code == ExitCode.FATAL
+    assert "3 x pending, run halted by a fatal response: fix the key or the account, then rerun" in err
+    report = json.loads((tmp_path / "ids.redrive" / "report.json").read_text())
+    assert report["stop"] == "fatal" and report["exit_code"] == 3
+
+
+def test_secrets_are_redacted_in_errors_too(tmp_path):
+    ids = write_ids(tmp_path, ["a"])
+    code, err, _ = run_cli([ids, "--url", "ftp://x.example/{id}?api_key=" + SECRET])
+    assert code == ExitCode.USAGE and SECRET not in err and "api_key=REDACTED" in err
+    code, err, _ = run_cli([ids, "--url", "http://x.example/items?key=" + SECRET])
+    assert code == ExitCode.USAGE and SECRET not in err
