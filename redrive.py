@@ -55,7 +55,8 @@ import signal
 import sys
 import threading
 import time
-from collections import Counter
+import zlib
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum, IntEnum
@@ -99,6 +100,19 @@ SYNC_INTERVAL = 1.0
 #: Seconds between two progress lines: on a terminal, and in a log or pipe.
 TTY_INTERVAL = 0.25
 LOG_INTERVAL = 30.0
+
+#: The throttle response: the rate falls to CUT_FACTOR of what the host
+#: accepted in its last unpaused second; each success then adds RATE_GROWTH
+#: req/s, so the rate climbs back by RATE_GROWTH * 100 percent a second.
+CUT_FACTOR = 0.9
+RATE_GROWTH = 0.05
+MIN_RATE = 0.5
+
+#: Statuses that say "too fast" for the whole host, not just for one id;
+#: without a Retry-After they count only when they are this share of answers.
+THROTTLE_STATUSES = frozenset({429, 503})
+THROTTLE_SHARE = 0.1
+THROTTLE_SAMPLE = 10
 
 #: Seconds of history behind the requests-per-second figure and the ETA.
 RATE_WINDOW = 10.0
@@ -169,6 +183,9 @@ class Config:
     skip: frozenset = SKIP_STATUSES
     retry_unavailable: bool = False
     max_time: Optional[float] = None
+    rate: Optional[float] = None  #: at most this many requests per second, over all workers
+    per_host: Optional[int] = None  #: at most this many requests in flight per host
+    shard: Optional[tuple] = None  #: (K, N): only ids whose hash falls in shard K of N
     max_bytes: int = 50 * 1024 * 1024
     quiet: bool = False
     fsync: bool = False
@@ -214,6 +231,7 @@ class Item:
     id: str
     pass_no: int = 1
     tries: int = 0
+    host: str = ""  #: the origin it is sent to: throttles and caps are per host
 
 
 @dataclass(frozen=True)
@@ -421,6 +439,91 @@ class Redactor:
         for secret in self.secrets:
             text = text.replace(secret, "***")
         return text
+
+
+@dataclass
+class Host:
+    """One origin's gate: a throttle pause, an adaptive rate and concurrency (AIMD).
+
+    A throttle (429 or 503) pauses the host for its Retry-After. It also cuts
+    the pace, at most once a second, when it is a clear signal: it carries a
+    Retry-After, or throttles are THROTTLE_SHARE of the host's answers in the
+    last second (one 503 among hundreds of 200s is that item's problem). The
+    cut: the rate falls to CUT_FACTOR of the answers (any but a throttle) the
+    host gave per second in its last unpaused second, the concurrency to half. Each success adds RATE_GROWTH req/s to the
+    rate (5 percent a second at any pace) and 1 / limit to the concurrency.
+    """
+
+    limit: float  #: concurrency ceiling, between 1 and --concurrency
+    cap: int  #: --per-host, or --concurrency
+    ready: deque = field(default_factory=deque)  #: items whose time has come
+    inflight: int = 0
+    paused_until: float = 0.0
+    rate: Optional[float] = None  #: req/s ceiling, once the host has throttled
+    next_slot: float = 0.0
+    cut_at: float = float("-inf")
+    first_answer: Optional[float] = None
+    resumed_at: float = float("-inf")  #: when the last pause ended
+    recent: deque = field(default_factory=deque)  #: (time, kind) of the last second's answers
+
+    def opens_at(self, now: float) -> Optional[float]:
+        """When the gate lets the next request through: now, later, or None (full)."""
+        if self.inflight >= min(self.cap, int(self.limit)):
+            return None
+        return max(now, self.paused_until, self.next_slot)
+
+    def start(self, now: float) -> None:
+        self.inflight += 1
+        if self.rate:
+            self.next_slot = max(self.next_slot, now) + 1.0 / self.rate
+
+    def answered(self, now: float, kind: str) -> None:
+        """Count one answer ("ok", "throttle" or "other") in the last second."""
+        self.inflight -= 1
+        if self.first_answer is None:
+            self.first_answer = now
+        self.recent.append((now, kind))
+        while self.recent[0][0] < now - 1.0:
+            self.recent.popleft()
+
+    def succeeded(self, now: float, ceiling: int) -> None:
+        self.answered(now, "ok")
+        self.limit = min(ceiling, self.limit + 1.0 / self.limit)
+        if self.rate:
+            self.rate += RATE_GROWTH
+
+    def throttled(self, now: float, wait: Optional[float]) -> None:
+        """A 429 or 503: pause for its Retry-After; slow down if it is a clear signal."""
+        self.answered(now, "throttle")
+        if wait is not None:
+            if self.paused_until <= now:
+                self.resumed_at = self.paused_until
+            self.paused_until = max(self.paused_until, now + wait)
+        kinds = Counter(kind for _, kind in self.recent)
+        many = len(self.recent) >= THROTTLE_SAMPLE and kinds["throttle"] >= THROTTLE_SHARE * len(self.recent)
+        if not (wait is not None or many) or now - self.cut_at < 1.0:
+            return
+        self.cut_at = now
+        self.limit = max(1.0, self.limit / 2)
+        since = max(now - 1.0, self.first_answer, self.resumed_at)  # the last unpaused second
+        if now - since < 0.25:
+            return  # too short to measure what the host accepts: the pause must do
+        accepted = sum(1 for t, kind in self.recent if kind != "throttle" and t >= since) / (now - since)
+        if accepted:
+            self.rate = max(MIN_RATE, CUT_FACTOR * min(self.rate or accepted, accepted))
+        elif self.rate:
+            self.rate = max(MIN_RATE, self.rate / 2)
+
+
+def host_of(template: str, item_id: str) -> str:
+    """The origin a request goes to, lower-cased."""
+    return urlsplit(build_url(template, item_id)).netloc.lower()
+
+
+def in_shard(item_id: str, shard: tuple) -> bool:
+    """Stable across machines and runs: crc32 of the UTF-8 id, modulo N."""
+    k, n = shard
+    return zlib.crc32(item_id.encode("utf-8")) % n == k - 1
 
 
 # ------------------------------------------------------------------ input
@@ -954,7 +1057,11 @@ class Batch:
         self.cfg, self.ledger, self.state, self.fx = cfg, ledger, state, fx
         self.redact, self.progress = redact, progress
         self.counts = Counter()  #: done, unavailable, awaiting (a later pass): for the progress line
-        self.heap, self.seq = [], itertools.count()
+        self.heap, self.seq = [], itertools.count()  #: items waiting for their time
+        self.hosts, self.active = {}, deque()  #: Host by name; hosts with ready items, round robin
+        self.next_slot = 0.0  #: --rate: when the next request may start
+        self.fixed_host = None if "{id}" in urlsplit(cfg.url).netloc or cfg.url == "{id}" else \
+            host_of(cfg.url, "")
         self.jobs = queue.Queue()
         self.outcomes = queue.SimpleQueue()  # put() is safe in a signal handler
         self.inflight = 0
@@ -967,9 +1074,49 @@ class Batch:
     # -- scheduling
 
     def schedule(self, item: Item, ready_at: float) -> None:
+        """Put an id on the timeline: ready now goes to its host's queue."""
         if item.pass_no > 1 and item.tries == 0:
             self.counts["awaiting"] += 1
-        heapq.heappush(self.heap, (ready_at, next(self.seq), item))
+        if not item.host:
+            item.host = self.fixed_host or host_of(self.cfg.url, item.id)
+        if ready_at <= self.fx.clock():
+            self._make_ready(item)
+        else:
+            heapq.heappush(self.heap, (ready_at, next(self.seq), item))
+
+    def pending(self) -> int:
+        return len(self.heap) + sum(len(self.hosts[name].ready) for name in self.active)
+
+    def _make_ready(self, item: Item) -> None:
+        host = self.hosts.get(item.host)
+        if host is None:
+            cap = self.cfg.per_host or self.cfg.concurrency
+            host = self.hosts[item.host] = Host(limit=float(self.cfg.concurrency), cap=cap)
+        if not host.ready:
+            self.active.append(item.host)
+        host.ready.append(item)
+
+    def _promote(self, now: float) -> None:
+        while self.heap and self.heap[0][0] <= now:
+            self._make_ready(heapq.heappop(self.heap)[2])
+
+    def _open_host(self, now: float) -> Optional[Host]:
+        """The next host, round robin, whose gate is open now."""
+        for _ in range(len(self.active)):
+            host = self.hosts[self.active[0]]
+            self.active.rotate(-1)
+            opens = host.opens_at(now)
+            if opens is not None and opens <= now:
+                return host
+        return None
+
+    def _next_wake(self, now: float) -> Optional[float]:
+        """When something may be started next: an id's time, a gate, the --rate slot."""
+        times = [self.heap[0][0]] if self.heap else []
+        if self.inflight < self.cfg.concurrency:
+            gates = (self.hosts[name].opens_at(now) for name in self.active)
+            times += [max(t, self.next_slot) for t in gates if t is not None]
+        return min(times) if times else None
 
     def request_stop(self, why: str) -> None:
         """Stop starting requests; wait a little for those in flight."""
@@ -984,7 +1131,7 @@ class Batch:
         for worker in workers:
             worker.start()
         try:
-            while self.heap or self.inflight:
+            while self.heap or self.active or self.inflight:
                 self.ledger.sync_if_due()
                 self.progress.tick(self)
                 if self.end_at is not None and not self.tally.stop and self.fx.clock() >= self.end_at:
@@ -1002,8 +1149,17 @@ class Batch:
 
     def _launch_ready(self) -> None:
         now = self.fx.clock()
-        while self.heap and self.inflight < self.cfg.concurrency and self.heap[0][0] <= now:
-            item = heapq.heappop(self.heap)[2]
+        self._promote(now)
+        while self.active and self.inflight < self.cfg.concurrency and self.next_slot <= now:
+            host = self._open_host(now)
+            if host is None:
+                return
+            item = host.ready.popleft()
+            if not host.ready:
+                self.active.remove(item.host)
+            host.start(now)
+            if self.cfg.rate:
+                self.next_slot = max(self.next_slot, now) + 1.0 / self.cfg.rate
             if item.pass_no > 1 and item.tries == 0:
                 self.counts["awaiting"] -= 1
             if item.pass_no not in self.started_passes:
@@ -1018,8 +1174,9 @@ class Batch:
         """Block until an outcome arrives or the next id becomes ready."""
         now = self.fx.clock()
         limits = [self.stop_at] if self.tally.stop else []
-        if not self.tally.stop and self.heap and self.inflight < self.cfg.concurrency:
-            limits.append(self.heap[0][0])
+        wake = None if self.tally.stop else self._next_wake(now)
+        if wake is not None:
+            limits.append(wake)
         if self.end_at is not None and not self.tally.stop:
             limits.append(self.end_at)
         timeout = max(0.0, min(limits) - now) if limits else None
@@ -1038,6 +1195,7 @@ class Batch:
             return
         if message is not WAKE:
             self.inflight -= 1
+            self.observe(*message)
             self.settle(*message)
 
     def _idle_wait(self, seconds: float) -> None:
@@ -1058,6 +1216,17 @@ class Batch:
             self.outcomes.put((job, fetch(session, job.id, self.cfg, self.redact, self.fx.wallclock)))
 
     # -- settling outcomes
+
+    def observe(self, item: Item, out: Outcome) -> None:
+        """What an answer says about its host: doing fine, or slow down."""
+        host, now = self.hosts[item.host], self.fx.clock()
+        if out.bucket is Bucket.OK:
+            host.succeeded(now, self.cfg.concurrency)
+        elif out.status in THROTTLE_STATUSES:
+            wait = None if out.retry_after is None else min(out.retry_after, self.cfg.max_backoff)
+            host.throttled(now, wait)
+        else:
+            host.answered(now, "other")
 
     def settle(self, item: Item, out: Outcome) -> None:
         """Record what one attempt means for its id."""
@@ -1192,8 +1361,11 @@ class Progress:
         settling = (self.window[-1][2] - self.window[0][2]) / span
         parts = [f"pass {max(batch.started_passes, default=1)}", f"{done}/{self.total} done",
                  f"{unavailable} unavailable", f"{batch.counts['awaiting']} failed", f"{rate:.1f} req/s"]
-        if not batch.inflight and batch.heap and batch.heap[0][0] > now:
-            parts.append(f"pausing {batch.heap[0][0] - now:.0f} s")
+        paused = max((batch.hosts[name].paused_until for name in batch.active), default=0.0)
+        if paused > now:
+            parts.append(f"throttled, pausing {paused - now:.0f} s")
+        elif not batch.inflight and not batch.active and batch.heap and batch.heap[0][0] > now:
+            parts.append(f"waiting {batch.heap[0][0] - now:.0f} s")
         left = self.total - done - unavailable
         if settling > 0 and left:
             parts.append(f"ETA {duration(left / settling)}")
@@ -1424,7 +1596,7 @@ class DemoHandler(http.server.BaseHTTPRequestHandler):
         with self.server.lock:
             self.server.hits[item_id] += 1
             hit = self.server.hits[item_id]
-        time.sleep(0.1 + int(hashlib.sha256(item_id.encode()).hexdigest(), 16) % 5 * 0.05)
+        time.sleep(0.03 + int(hashlib.sha256(item_id.encode()).hexdigest(), 16) % 5 * 0.02)
         self.reply(*demo_reply(item_id, hit))
 
     def reply(self, status: int, body: bytes, headers: dict) -> None:
@@ -1509,6 +1681,20 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def positive_rate(text: str) -> float:
+    value = seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"give a number of requests per second above 0, not {text!r}")
+    return value
+
+
+def shard_spec(text: str) -> tuple:
+    k, slash, n = text.partition("/")
+    if slash and k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n):
+        return int(k), int(n)
+    raise argparse.ArgumentTypeError(f"give K/N with 1 <= K <= N, such as 2/3, not {text!r}")
+
+
 def status_codes(text: str) -> frozenset:
     try:
         return parse_codes(text)
@@ -1568,6 +1754,9 @@ def build_parser() -> Parser:
     run.add_argument("--fatal", type=status_codes, metavar="CODES", help="statuses that halt the job (401,402)")
     run.add_argument("--retry", type=status_codes, metavar="CODES", help="statuses retried (408,429,5xx but 501,505)")
     run.add_argument("--skip", type=status_codes, metavar="CODES", help="statuses settled at once (400,404,410)")
+    run.add_argument("--rate", type=positive_rate, metavar="R", help="at most R requests per second, evenly")
+    run.add_argument("--per-host", type=positive_int, metavar="N", help="at most N requests in flight per host")
+    run.add_argument("--shard", type=shard_spec, metavar="K/N", help="only the ids of shard K of N (1/3, 2/3, 3/3)")
     run.add_argument("--max-bytes", type=positive_int, default=50 * 1024 * 1024, metavar="N",
                      help="skip a body larger than N bytes (50 MiB)")
     run.add_argument("--retry-unavailable", action="store_true", help="bring unavailable ids back, for one run")
@@ -1606,6 +1795,7 @@ def config_from_args(args, environ, record: Optional[dict]) -> Config:
         expect_json=args.expect_json, require=tuple(args.require), require_field=tuple(args.require_field),
         concurrency=args.concurrency, timeout=args.timeout, tries=args.tries, passes=args.passes,
         backoff=args.backoff, max_backoff=args.max_backoff, cooldown=args.cooldown,
+        rate=args.rate, per_host=args.per_host, shard=args.shard,
         fatal=fatal, retry=retry, skip=skip, max_bytes=args.max_bytes,
         retry_unavailable=args.retry_unavailable, max_time=args.max_time, quiet=args.quiet,
         fsync=args.fsync, demo=args.demo, report=args.report, allow_config_change=args.allow_config_change,
@@ -1660,6 +1850,8 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
     """Load the state, run the passes, report. Raises RedriveError for setup problems."""
     started = fx.clock()
     ids, duplicates = read_ids(cfg.ids_file)
+    if cfg.shard:
+        ids = [i for i in ids if in_shard(i, cfg.shard)]
     redact = Redactor(cfg.secrets + tuple(secret_query_values(cfg.url)))
     check_urls(cfg, ids, redact)
     prepare_state_dir(cfg.state_dir)
@@ -1675,7 +1867,7 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
             progress = Progress(err, len(ids), fx.clock, cfg.quiet)
             batch = Batch(cfg, ledger, state, fx, redact, progress)
             plan(ids, state, cfg, batch, ledger, fx)
-            progress.say(f"redrive: {len(ids)} ids, {len(batch.heap)} to fetch, state in {cfg.state_dir}")
+            progress.say(f"redrive: {len(ids)} ids, {batch.pending()} to fetch, state in {cfg.state_dir}")
             with StopSignals(batch):
                 try:
                     tally = batch.run()

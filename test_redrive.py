@@ -50,7 +50,13 @@ class Handler(BaseHTTPRequestHandler):
             server.seen_headers.append(dict(self.headers))
             steps = server.replies.get(item, [200])
             step = steps[min(server.hits[item], len(steps)) - 1]
-        self.play(step, item)
+            server.inflight += 1
+            server.max_inflight = max(server.max_inflight, server.inflight)
+        try:
+            self.play(step, item)
+        finally:
+            with server.lock:
+                server.inflight -= 1
 
     def play(self, step, item):
         if callable(step):
@@ -92,11 +98,18 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
+class QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        pass  # a client killed mid-request is what some tests do on purpose
+
+
 def start_server():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = QuietServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     server.replies, server.hits, server.paths, server.seen_headers = {}, Counter(), [], []
-    server.bodies = []
+    server.bodies, server.inflight, server.max_inflight = [], 0, 0
     server.lock = threading.Lock()
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
@@ -141,6 +154,24 @@ class FakeTime:
 
     def effects(self):
         return Effects(clock=self.clock, wallclock=self.wallclock, sleep=self.sleep, rand=lambda: self.rand)
+
+
+class FastForward(FakeTime):
+    """Real time, but a sleep skips ahead at once: for runs with real latency."""
+
+    def __init__(self):
+        super().__init__()
+        self.skipped = 0.0
+
+    def clock(self):
+        return time.monotonic() + self.skipped
+
+    def wallclock(self):
+        return time.time() + self.skipped
+
+    def sleep(self, seconds):
+        self.sleeps.append(seconds)
+        self.skipped += seconds
 
 
 def write_ids(tmp_path, ids, name="ids.txt"):
@@ -348,11 +379,45 @@ def test_retry_after_http_date_is_honoured(server, tmp_path):
 
 
 def test_an_id_waiting_out_its_backoff_does_not_hold_a_worker(server, tmp_path):
-    server.replies["a"] = [(429, b"", {"Retry-After": "5"}), 200]
-    code, _, fake = crawl(server, tmp_path, ["a", "b", "c"])
+    server.replies["a"] = [500, 200]
+    code, _, fake = crawl(server, tmp_path, ["a", "b", "c"], "--backoff", "4")
     assert code == ExitCode.OK
     assert server.paths == ["/items/a", "/items/b", "/items/c", "/items/a"]
-    assert fake.sleeps == [5.0]
+    assert fake.sleeps == [3.0]
+    fetched = {r["id"]: r["fetched_at"] for r in state(tmp_path, "results.jsonl")}
+    assert fetched["b"] == fetched["c"] == redrive.iso(FakeTime().wallclock())
+
+
+def test_a_retry_after_pauses_the_whole_host(server, tmp_path):
+    server.replies["a"] = [(429, b"", {"Retry-After": "5"}), 200]
+    code, _, fake = crawl(server, tmp_path, ["a", "b", "c"])
+    assert code == ExitCode.OK and fake.sleeps == [5.0]
+    fetched = {r["id"]: r["fetched_at"] for r in state(tmp_path, "results.jsonl")}
+    assert fetched["b"] == fetched["c"] == fetched["a"] == redrive.iso(FakeTime().wallclock() + 5)
+
+
+def test_rate_spaces_requests_evenly_across_workers(server, tmp_path):
+    code, _, fake = crawl(server, tmp_path, ["a", "b", "c", "d", "e"], "--rate", "4", "--concurrency", "4")
+    assert code == ExitCode.OK and fake.sleeps == [0.25] * 4
+    fetched = [r["fetched_at"] for r in state(tmp_path, "results.jsonl")]
+    assert fetched == [redrive.iso(FakeTime().wallclock() + 0.25 * n) for n in range(5)]
+
+
+def test_per_host_caps_requests_in_flight_per_host(server, tmp_path):
+    other, thread = start_server()
+    try:
+        ids = [f"{srv.base}/items/{n}" for n in range(6) for srv in (server, other)]
+        for srv in (server, other):
+            srv.replies.update({str(n): [("sleep", 0.05, 200)] for n in range(6)})
+        ids_file = write_ids(tmp_path, ids)
+        code, _, _ = run_cli([ids_file, "--concurrency", "4", "--per-host", "1"], fake=None)
+        assert code == ExitCode.OK
+        assert server.max_inflight == 1 and other.max_inflight == 1
+        assert sum(server.hits.values()) == sum(other.hits.values()) == 6
+    finally:
+        other.shutdown()
+        other.server_close()
+        thread.join()
 
 
 def test_retry_after_over_max_backoff_ends_the_pass_instead_of_sleeping(server, tmp_path):
@@ -576,7 +641,7 @@ def test_summary_lists_20_unavailable_then_points_at_the_file(server, tmp_path):
 def test_demo_runs_the_normal_path_to_a_settled_end(tmp_path):
     ids = tmp_path / "sample_ids.txt"
     ids.write_bytes((HERE / "sample_ids.txt").read_bytes())
-    code, err, _ = run_cli([ids, "--demo", "--concurrency", "16"])
+    code, err, _ = run_cli([ids, "--demo"], fake=FastForward())
     assert code == ExitCode.OK, err
     assert "pass 2: " in err and "404 Not Found" in err and "500 Internal Server Error" in err
     unavailable = state(tmp_path, "unavailable.jsonl", stem="sample_ids")
@@ -1184,3 +1249,60 @@ def test_secrets_are_redacted_in_errors_too(tmp_path):
     assert code == ExitCode.USAGE and SECRET not in err and "api_key=REDACTED" in err
     code, err, _ = run_cli([ids, "--url", "http://x.example/items?key=" + SECRET])
     assert code == ExitCode.USAGE and SECRET not in err
+
+
+# ------------------------------------------------------ throttle and shards
+
+
+def test_a_clear_throttle_halves_concurrency_and_sets_the_rate_to_what_the_host_accepted():
+    host = redrive.Host(limit=32.0, cap=32)
+    for n in range(50):
+        host.start(n / 100)
+        host.succeeded(n / 100 + 0.4, 32)
+    host.start(0.9)
+    host.throttled(0.95, wait=2.0)
+    assert host.paused_until == 2.95 and host.limit == 16.0
+    assert host.rate == pytest.approx(0.9 * 50 / 0.55)  # 50 answers in the 0.55 s since the first one
+    host.inflight = 0
+    assert host.opens_at(1.0) == 2.95
+    host.throttled(1.5, wait=None)  # within a second of the cut: no second cut
+    assert host.limit == 16.0
+
+
+def test_success_recovers_the_pace_gradually():
+    host = redrive.Host(limit=1.0, cap=8, rate=10.0)
+    for n in range(20):
+        host.start(n)
+        host.succeeded(n + 0.1, 8)
+    assert host.rate == pytest.approx(10.0 + 20 * redrive.RATE_GROWTH)
+    assert 5 < host.limit <= 8
+
+
+def test_a_rare_throttle_without_retry_after_is_that_items_problem():
+    host = redrive.Host(limit=8.0, cap=8)
+    for n in range(40):
+        host.start(n / 50)
+        host.succeeded(n / 50 + 0.01, 8)
+    host.start(0.9)
+    host.throttled(0.91, wait=None)
+    assert host.limit == 8.0 and host.rate is None and host.paused_until == 0.0
+
+
+def test_paced_host_spaces_its_requests():
+    host = redrive.Host(limit=4.0, cap=4, rate=2.0)
+    host.start(10.0)
+    assert host.opens_at(10.0) == 10.5
+    host.start(10.5)
+    assert host.opens_at(10.6) == 11.0
+
+
+def test_shards_split_the_ids_with_no_overlap(server, tmp_path):
+    ids = [f"s{n}" for n in range(60)]
+    ids_file = write_ids(tmp_path, ids)
+    for k in (1, 2, 3):
+        code, _, _ = run_cli([ids_file, "--url", server.template, "--shard", f"{k}/3", "--state-dir", tmp_path / str(k)])
+        assert code == ExitCode.OK
+    shards = [set((tmp_path / str(k) / "done.txt").read_text().split()) for k in (1, 2, 3)]
+    assert set().union(*shards) == set(ids) and sum(map(len, shards)) == 60
+    assert all(8 <= len(shard) <= 32 for shard in shards)
+    assert max(server.hits.values()) == 1
