@@ -124,6 +124,9 @@ EXCERPT_CHARS = 200
 ERROR_BODY_BYTES = 65536
 
 READ_CHUNK = 65536
+
+#: Hosts each worker keeps a keep-alive connection to.
+POOLED_HOSTS = 16
 STATE_FILES = ("results.jsonl", "done.txt", "failed.jsonl", "unavailable.jsonl")
 
 
@@ -906,16 +909,34 @@ class AttemptTimeout(Exception):
 
 
 class GuardedSession(requests.Session):
-    """A Session that never carries the user's headers to another origin.
+    """A Session that never carries the user's headers to another origin, and
+    reads the environment (proxies, CA bundle, .netrc) once per host.
 
     requests itself strips only Authorization on a cross-host redirect; an
-    X-API-Key header would follow the redirect anywhere.
+    X-API-Key header would follow the redirect anywhere. And with trust_env
+    it looks proxies up in the environment on every request, which costs
+    about a third of its CPU per request against a fast local server.
     """
 
     def __init__(self, guarded: frozenset):
         super().__init__()
+        self.trust_env = False  # the environment is read here, once per host
         self.guarded = guarded
         self.origin = None
+        self.by_host = {}
+        bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
+        self.verify = bundle or True
+
+    def environment(self, url: str) -> tuple:
+        """(proxies, netrc auth) for url's origin, looked up once."""
+        key = origin_of(url)
+        if key not in self.by_host:
+            self.by_host[key] = (requests.utils.get_environ_proxies(url), requests.utils.get_netrc_auth(url))
+        return self.by_host[key]
+
+    def rebuild_proxies(self, prepared_request, proxies):
+        """A redirect to another host takes that host's proxy settings."""
+        return super().rebuild_proxies(prepared_request, self.environment(prepared_request.url)[0])
 
     def rebuild_auth(self, prepared_request, response):
         super().rebuild_auth(prepared_request, response)
@@ -932,9 +953,10 @@ def origin_of(url: str) -> tuple:
 
 
 def make_session(cfg: Config) -> GuardedSession:
-    """A pooled session with redrive's headers; urllib3's own retries stay off."""
+    """One worker's session: a keep-alive connection per host (a worker sends
+    one request at a time), redrive's headers, urllib3's own retries off."""
     session = GuardedSession(cfg.header_names)
-    adapter = HTTPAdapter(pool_connections=1, pool_maxsize=max(1, cfg.concurrency), max_retries=0)
+    adapter = HTTPAdapter(pool_connections=POOLED_HOSTS, pool_maxsize=1, max_retries=0)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     session.headers["User-Agent"] = f"redrive/{__version__}"
@@ -952,7 +974,9 @@ def fetch(session: GuardedSession, item_id: str, cfg: Config, redact: Redactor,
     deadline = time.monotonic() + cfg.timeout
     body = build_body(cfg.data, item_id, cfg.json_data)
     try:
-        with session.request(cfg.method, url, data=body, timeout=cfg.timeout, stream=True) as resp:
+        proxies, auth = session.environment(url)
+        with session.request(cfg.method, url, data=body, timeout=cfg.timeout, stream=True,
+                             proxies=proxies, auth=auth) as resp:
             bucket = classify_status(resp.status_code, cfg)
             wanted = bucket is Bucket.OK or bucket is Bucket.FATAL
             raw = read_body(resp, cfg.max_bytes if wanted else ERROR_BODY_BYTES, deadline)

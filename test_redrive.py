@@ -1306,3 +1306,20 @@ def test_shards_split_the_ids_with_no_overlap(server, tmp_path):
     assert set().union(*shards) == set(ids) and sum(map(len, shards)) == 60
     assert all(8 <= len(shard) <= 32 for shard in shards)
     assert max(server.hits.values()) == 1
+
+
+def test_proxy_settings_from_the_environment_are_honoured(server, tmp_path, monkeypatch):
+    proxy, thread = start_server()
+    try:
+        monkeypatch.setenv("HTTP_PROXY", proxy.base)
+        ids = write_ids(tmp_path, ["a", "b"])
+        code, _, _ = run_cli([ids, "--url", "http://upstream.invalid/items/{id}"])
+        assert code == ExitCode.OK
+        assert sorted(proxy.paths) == ["http://upstream.invalid/items/a", "http://upstream.invalid/items/b"]
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        code, _, _ = run_cli([ids, "--url", server.template, "--state-dir", tmp_path / "direct"])
+        assert code == ExitCode.OK and sorted(server.paths) == ["/items/a", "/items/b"] and len(proxy.paths) == 2
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+        thread.join()
