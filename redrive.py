@@ -536,7 +536,8 @@ HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 
 
 def read_ids(path: Path) -> tuple:
-    """(unique ids in file order, number of duplicate lines) from IDS_FILE."""
+    """(unique ids in file order, number of duplicate lines, {id: id}) from
+    IDS_FILE. The mapping lets the state share the very same id strings."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -550,12 +551,13 @@ def read_ids(path: Path) -> tuple:
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         raise RedriveError(f"{path} line {line}: not valid UTF-8; save the file as UTF-8") from None
-    lines = (line.strip() for line in text.split("\n"))
-    ids = [line for line in lines if line and not line.startswith("#")]
-    unique = list(dict.fromkeys(ids))
-    if not unique:
+    del data
+    ids = [line for line in map(str.strip, text.split("\n")) if line and line[0] != "#"]
+    del text
+    canonical = dict(zip(ids, ids))
+    if not canonical:
         raise RedriveError(f"{path}: no ids in it; put one id per line ('#' lines are comments)")
-    return unique, len(ids) - len(unique)
+    return list(canonical), len(ids) - len(canonical), canonical
 
 
 def line_of(path: Path, item_id: str) -> int:
@@ -776,17 +778,18 @@ def read_records(path: Path) -> Iterable[dict]:
             raise RedriveError(f"{path} line {number}: not a redrive record; move the file away or fix that line")
 
 
-def load_state(state_dir: Path, repair: bool = True) -> State:
+def load_state(state_dir: Path, repair: bool = True, wanted: Optional[dict] = None) -> State:
     """Repair what a kill can leave (unless only looking), then read who is
-    done, failed and unavailable."""
+    done, failed and unavailable. With wanted (input ids mapped to themselves), done keeps
+    only those, as the very same string objects: a million done ids then
+    cost a set, not a second copy of every string."""
     state = State()
     for name in STATE_FILES if repair else ():
         note = repair_torn_tail(state_dir / name)
         if note:
             state.repairs.append(note)
     try:
-        data = (state_dir / "done.txt").read_bytes()
-        state.done = set(data[:data.rfind(b"\n") + 1].decode("utf-8").split("\n")[:-1])
+        state.done = read_done(state_dir / "done.txt", wanted)
     except FileNotFoundError:
         pass
     except (OSError, UnicodeDecodeError):
@@ -798,6 +801,22 @@ def load_state(state_dir: Path, repair: bool = True) -> State:
     return state
 
 
+def read_done(path: Path, wanted: Optional[dict]) -> set:
+    """The ids of done.txt's complete lines (only those in wanted, if given)."""
+    if wanted is None:
+        data = path.read_bytes()
+        return set(data[:data.rfind(b"\n") + 1].decode("utf-8").split("\n")[:-1])
+    done, tail = set(), b""
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(READ_CHUNK * 16), b""):
+            block = tail + block
+            cut = block.rfind(b"\n") + 1  # a UTF-8 character never spans a newline
+            tail = block[cut:]
+            done.update(map(wanted.get, block[:cut].decode("utf-8").split("\n")[:-1]))
+    done.discard(None)
+    return done
+
+
 def complete_lost_done(state: State, ledger: Ledger) -> None:
     """A kill between a result line and its done line: finish the pair."""
     tail = last_line(ledger.dir / "results.jsonl")
@@ -807,7 +826,8 @@ def complete_lost_done(state: State, ledger: Ledger) -> None:
         item_id = json.loads(tail)["id"]
     except (ValueError, KeyError, TypeError):
         raise RedriveError(f"{ledger.dir / 'results.jsonl'}: last line is not a redrive record; move the file away")
-    if item_id not in state.done:
+    done_tail = last_line(ledger.dir / "done.txt")
+    if done_tail is None or done_tail.decode("utf-8", "replace") != item_id:  # written in lockstep
         ledger.append("done.txt", item_id)
         state.done.add(item_id)
         state.repairs.append(f"done.txt: added {item_id!r}, whose result was stored just before a kill")
@@ -1320,10 +1340,9 @@ def unavailable_record(item_id, reason, status, bucket, tries, at, passes) -> di
 def plan(ids: list, state: State, cfg: Config, batch: Batch, ledger: Ledger, fx: Effects) -> None:
     """Put every unsettled id on the schedule at the pass it reached."""
     now, wall = fx.clock(), fx.wallclock()
-    for item_id in ids:
-        if item_id in state.done:
-            batch.counts["done"] += 1
-            continue
+    rest = [i for i in ids if i not in state.done]
+    batch.counts["done"] = len(ids) - len(rest)
+    for item_id in rest:
         if item_id in state.unavailable and not cfg.retry_unavailable:
             batch.counts["unavailable"] += 1
             continue
@@ -1429,9 +1448,7 @@ PENDING_REASONS = {  #: why an id is still pending, by how the run ended
 def residue(ids: list, state: State, tally: Tally) -> list:
     """Every id that is not done, with its state, reason and recommended action."""
     rows = []
-    for item_id in ids:
-        if item_id in state.done:
-            continue
+    for item_id in [i for i in ids if i not in state.done]:
         if item_id in state.unavailable:
             r = state.unavailable[item_id]
             rows.append({"id": item_id, "state": "unavailable", "reason": r["reason"], "status": r["status"],
@@ -1461,14 +1478,14 @@ def group_residue(rows: list, cfg: Config) -> list:
 
 
 def build_report(ids: list, duplicates: int, state: State, tally: Tally, cfg: Config,
-                 elapsed: float, code: ExitCode, redact: Redactor) -> dict:
+                 elapsed: float, redact: Redactor) -> dict:
     """report.json: what this run did and exactly what is missing, and why."""
     rows = residue(ids, state, tally)
     counts = Counter(r["state"] for r in rows)
     return {
         "redrive": __version__, "ids_file": str(cfg.ids_file), "state_dir": str(cfg.state_dir),
         "url": redact(redact_url(cfg.url)), "finished_at": iso(time.time()),
-        "exit_code": int(code), "stop": tally.stop or None, "elapsed_s": round(elapsed, 3),
+        "exit_code": None, "stop": tally.stop or None, "elapsed_s": round(elapsed, 3),
         "requests": tally.requests, "passes": cfg.passes,
         "counts": {"input": len(ids), "duplicates": duplicates, "done": len(ids) - len(rows),
                    "unavailable": counts["unavailable"], "failed": counts["failed"], "pending": counts["pending"]},
@@ -1501,12 +1518,12 @@ def summarize(report: dict) -> list:
     return lines
 
 
-def exit_code(ids: list, state: State, tally: Tally) -> ExitCode:
+def exit_code(report: dict) -> ExitCode:
     stops = {"fatal": ExitCode.FATAL, "interrupted": ExitCode.INTERRUPTED, "terminated": ExitCode.TERMINATED}
-    if tally.stop in stops:
-        return stops[tally.stop]
-    settled = all(i in state.done or i in state.unavailable for i in ids)
-    return ExitCode.OK if settled else ExitCode.INCOMPLETE
+    if report["stop"] in stops:
+        return stops[report["stop"]]
+    unsettled = report["counts"]["failed"] + report["counts"]["pending"]
+    return ExitCode.INCOMPLETE if unsettled else ExitCode.OK
 
 
 def stop_lines(tally: Tally, cfg: Config, redact: Redactor) -> list:
@@ -1528,7 +1545,7 @@ def stop_lines(tally: Tally, cfg: Config, redact: Redactor) -> list:
 def check(ids_file: Path, state_dir: Path, quiet: bool, out) -> ExitCode:
     """--check: reconcile IDS_FILE with the state dir. No network, no writes:
     absence is only visible against the full expected set, so here it is."""
-    ids, duplicates = read_ids(ids_file)
+    ids, duplicates, _ = read_ids(ids_file)
     torn = [name for name in STATE_FILES if has_torn_tail(state_dir / name)]
     state = load_state(state_dir, repair=False)
     results = result_ids(state_dir / "results.jsonl")
@@ -1873,15 +1890,17 @@ class StopSignals:
 def run(cfg: Config, fx: Effects, err) -> ExitCode:
     """Load the state, run the passes, report. Raises RedriveError for setup problems."""
     started = fx.clock()
-    ids, duplicates = read_ids(cfg.ids_file)
+    ids, duplicates, canonical = read_ids(cfg.ids_file)
     if cfg.shard:
         ids = [i for i in ids if in_shard(i, cfg.shard)]
+        canonical = dict(zip(ids, ids))
     redact = Redactor(cfg.secrets + tuple(secret_query_values(cfg.url)))
     check_urls(cfg, ids, redact)
     prepare_state_dir(cfg.state_dir)
     with RunLock(cfg.state_dir):
         settle_run_record(cfg, read_run_record(cfg.state_dir))
-        state = load_state(cfg.state_dir)
+        state = load_state(cfg.state_dir, wanted=canonical)
+        del canonical
         ledger = Ledger(cfg.state_dir, cfg.fsync)
         ledger.open()
         try:
@@ -1899,8 +1918,9 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
                     progress.clear()
         finally:
             ledger.close()
-    code = exit_code(ids, state, tally)
-    report = build_report(ids, duplicates, state, tally, cfg, fx.clock() - started, code, redact)
+    report = build_report(ids, duplicates, state, tally, cfg, fx.clock() - started, redact)
+    code = exit_code(report)
+    report["exit_code"] = int(code)
     text = json.dumps(report, indent=1, ensure_ascii=False) + "\n"
     for path in filter(None, (cfg.state_dir / "report.json", cfg.report)):
         write_atomically(path, text)
