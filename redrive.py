@@ -361,6 +361,8 @@ def recommend(bucket: Bucket, status: Optional[int], reason: str, passes: int, m
 
 def redact_url(url: str) -> str:
     """The URL with the values of key-like query parameters and passwords hidden."""
+    if "?" not in url and "@" not in url:
+        return url  # nothing to hide, and no parsing on the per-request path
     parts = urlsplit(url)
     netloc = parts.netloc
     if "@" in netloc:
@@ -947,16 +949,16 @@ class GuardedSession(requests.Session):
         bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
         self.verify = bundle or True
 
-    def environment(self, url: str) -> tuple:
-        """(proxies, netrc auth) for url's origin, looked up once."""
-        key = origin_of(url)
+    def environment(self, url: str, key: tuple) -> tuple:
+        """(proxies, netrc auth) for url's origin (key), looked up once."""
         if key not in self.by_host:
             self.by_host[key] = (requests.utils.get_environ_proxies(url), requests.utils.get_netrc_auth(url))
         return self.by_host[key]
 
     def rebuild_proxies(self, prepared_request, proxies):
         """A redirect to another host takes that host's proxy settings."""
-        return super().rebuild_proxies(prepared_request, self.environment(prepared_request.url)[0])
+        url = prepared_request.url
+        return super().rebuild_proxies(prepared_request, self.environment(url, origin_of(url))[0])
 
     def rebuild_auth(self, prepared_request, response):
         super().rebuild_auth(prepared_request, response)
@@ -991,10 +993,10 @@ def fetch(session: GuardedSession, item_id: str, cfg: Config, redact: Redactor,
     """One attempt. Every HTTP or network failure comes back as an Outcome."""
     url = build_url(cfg.url, item_id)
     session.origin = origin_of(url)
+    proxies, auth = session.environment(url, session.origin)
     deadline = time.monotonic() + cfg.timeout
     body = build_body(cfg.data, item_id, cfg.json_data)
     try:
-        proxies, auth = session.environment(url)
         with session.request(cfg.method, url, data=body, timeout=cfg.timeout, stream=True,
                              proxies=proxies, auth=auth) as resp:
             bucket = classify_status(resp.status_code, cfg)
@@ -1106,7 +1108,7 @@ class Batch:
         self.next_slot = 0.0  #: --rate: when the next request may start
         self.fixed_host = None if "{id}" in urlsplit(cfg.url).netloc or cfg.url == "{id}" else \
             host_of(cfg.url, "")
-        self.jobs = queue.Queue()
+        self.jobs = queue.SimpleQueue()
         self.outcomes = queue.SimpleQueue()  # put() is safe in a signal handler
         self.inflight = 0
         self.tally = Tally()
@@ -1287,9 +1289,10 @@ class Batch:
             self._retry_or_fail(item, out)
 
     def _succeed(self, item: Item, out: Outcome) -> None:
-        record = {"id": item.id, "url": redact_url(build_url(self.cfg.url, item.id)),
-                  "status": out.status, "fetched_at": iso(self.fx.wallclock()), "body": out.body}
-        if out.final_url and out.final_url != build_url(self.cfg.url, item.id):
+        url = build_url(self.cfg.url, item.id)
+        record = {"id": item.id, "url": redact_url(url), "status": out.status,
+                  "fetched_at": iso(self.fx.wallclock()), "body": out.body}
+        if out.final_url and out.final_url != url:
             record["final_url"] = redact_url(out.final_url)
         self.ledger.success(item.id, record)
         self.state.done.add(item.id)
