@@ -78,7 +78,7 @@ class Handler(BaseHTTPRequestHandler):
         if status is None:
             self.close_connection = True
             return
-        if status in (200, 404):
+        if (status == 200 and body) or status == 404:
             with srv.lock:
                 srv.settled.add(item)
         self.send(status, body)

@@ -40,12 +40,14 @@ import argparse
 import codecs
 import dataclasses
 import email.utils
+import functools
 import hashlib
 import heapq
 import http
 import http.server
 import itertools
 import json
+import math
 import os
 import queue
 import random
@@ -427,7 +429,14 @@ def resolve_buckets(fatal, retry, skip) -> tuple:
 
 def iso(epoch: float) -> str:
     """UTC timestamp with microseconds: sortable as text."""
-    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    whole = math.floor(epoch)
+    return f"{_iso_seconds(whole)}.{min(999999, round((epoch - whole) * 1e6)):06d}Z"
+
+
+@functools.lru_cache(maxsize=8)
+def _iso_seconds(whole: int) -> str:
+    """The date and time to the second: formatted once a second, not once a request."""
+    return datetime.fromtimestamp(whole, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def parse_iso(text: str) -> float:
@@ -455,7 +464,7 @@ class Host:
     Retry-After, or throttles are THROTTLE_SHARE of the host's answers in the
     last second (one 503 among hundreds of 200s is that item's problem). The
     cut: the rate falls to CUT_FACTOR of the answers (any but a throttle) the
-    host gave per second in its last unpaused second, the concurrency to half. Each success adds RATE_GROWTH req/s to the
+    host gave per second over the last second, the concurrency to half. Each success adds RATE_GROWTH req/s to the
     rate (5 percent a second at any pace) and 1 / limit to the concurrency.
     """
 
@@ -467,8 +476,7 @@ class Host:
     rate: Optional[float] = None  #: req/s ceiling, once the host has throttled
     next_slot: float = 0.0
     cut_at: float = float("-inf")
-    first_answer: Optional[float] = None
-    resumed_at: float = float("-inf")  #: when the last pause ended
+    first_answer: float = float("inf")
     recent: deque = field(default_factory=deque)  #: (time, kind) of the last second's answers
 
     def opens_at(self, now: float) -> Optional[float]:
@@ -485,8 +493,7 @@ class Host:
     def answered(self, now: float, kind: str) -> None:
         """Count one answer ("ok", "throttle" or "other") in the last second."""
         self.inflight -= 1
-        if self.first_answer is None:
-            self.first_answer = now
+        self.first_answer = min(self.first_answer, now)
         self.recent.append((now, kind))
         while self.recent[0][0] < now - 1.0:
             self.recent.popleft()
@@ -501,8 +508,6 @@ class Host:
         """A 429 or 503: pause for its Retry-After; slow down if it is a clear signal."""
         self.answered(now, "throttle")
         if wait is not None:
-            if self.paused_until <= now:
-                self.resumed_at = self.paused_until
             self.paused_until = max(self.paused_until, now + wait)
         kinds = Counter(kind for _, kind in self.recent)
         many = len(self.recent) >= THROTTLE_SAMPLE and kinds["throttle"] >= THROTTLE_SHARE * len(self.recent)
@@ -510,10 +515,8 @@ class Host:
             return
         self.cut_at = now
         self.limit = max(1.0, self.limit / 2)
-        since = max(now - 1.0, self.first_answer, self.resumed_at)  # the last unpaused second
-        if now - since < 0.25:
-            return  # too short to measure what the host accepts: the pause must do
-        accepted = sum(1 for t, kind in self.recent if kind != "throttle" and t >= since) / (now - since)
+        seen = min(1.0, max(0.1, now - self.first_answer))  # a run's first second is shorter
+        accepted = (len(self.recent) - kinds["throttle"]) / seen
         if accepted:
             self.rate = max(MIN_RATE, CUT_FACTOR * min(self.rate or accepted, accepted))
         elif self.rate:
@@ -998,7 +1001,7 @@ def fetch(session: GuardedSession, item_id: str, cfg: Config, redact: Redactor,
     body = build_body(cfg.data, item_id, cfg.json_data)
     try:
         with session.request(cfg.method, url, data=body, timeout=cfg.timeout, stream=True,
-                             proxies=proxies, auth=auth) as resp:
+                             proxies=proxies or None, auth=auth) as resp:
             bucket = classify_status(resp.status_code, cfg)
             wanted = bucket is Bucket.OK or bucket is Bucket.FATAL
             raw = read_body(resp, cfg.max_bytes if wanted else ERROR_BODY_BYTES, deadline)
@@ -1015,8 +1018,10 @@ def read_body(resp: requests.Response, max_bytes: int, deadline: float) -> Optio
 
     Returns None once it grows past max_bytes: reading stops there.
     """
-    read = getattr(resp.raw, "read1", None)
+    raw = resp.raw
+    read = getattr(raw, "read1", None)
     chunks = iter(lambda: read(READ_CHUNK, decode_content=True), b"") if read else resp.iter_content(READ_CHUNK)
+    plain = read and "Content-Encoding" not in resp.headers  # raw bytes are body bytes
     body, size = [], 0
     for chunk in chunks:
         size += len(chunk)
@@ -1025,6 +1030,8 @@ def read_body(resp: requests.Response, max_bytes: int, deadline: float) -> Optio
         if time.monotonic() > deadline:
             raise AttemptTimeout()
         body.append(chunk)
+        if plain and raw.length_remaining == 0:
+            break  # all Content-Length bytes are here: no read just to see the end
     return b"".join(body)
 
 
@@ -1239,10 +1246,15 @@ class Batch:
             message = self.outcomes.get(timeout=timeout)
         except queue.Empty:
             return
-        if message is not WAKE:
-            self.inflight -= 1
-            self.observe(*message)
-            self.settle(*message)
+        while True:  # take every outcome already there: one wake-up, many settled
+            if message is not WAKE:
+                self.inflight -= 1
+                self.observe(*message)
+                self.settle(*message)
+            try:
+                message = self.outcomes.get_nowait()
+            except queue.Empty:
+                return
 
     def _idle_wait(self, seconds: float) -> None:
         """The real sleep: wakes early when a signal asks the run to stop."""
