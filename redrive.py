@@ -1084,7 +1084,7 @@ def decode(raw: bytes, resp: requests.Response) -> str:
 # --------------------------------------------------------------- run loop
 
 
-WAKE = object()  #: put on the outcome queue by a signal handler
+WAKE = object()  #: wakes the main thread: a worker went idle, or a signal came
 
 
 @dataclass
@@ -1115,8 +1115,10 @@ class Batch:
         self.next_slot = 0.0  #: --rate: when the next request may start
         self.fixed_host = None if "{id}" in urlsplit(cfg.url).netloc or cfg.url == "{id}" else \
             host_of(cfg.url, "")
-        self.jobs = queue.SimpleQueue()
-        self.outcomes = queue.SimpleQueue()  # put() is safe in a signal handler
+        self.jobs = queue.SimpleQueue()  #: ids for idle workers, None to end
+        self.wakeups = queue.SimpleQueue()  #: for the main thread; put() is safe in a signal handler
+        self.lock = threading.Lock()  #: guards the schedule, the tallies and the ledger
+        self.closed, self.failure = False, None
         self.inflight = 0
         self.tally = Tally()
         self.stop_at = None  # clock time to give up on requests in flight
@@ -1172,59 +1174,60 @@ class Batch:
         return min(times) if times else None
 
     def request_stop(self, why: str) -> None:
-        """Stop starting requests; wait a little for those in flight."""
+        """Stop starting requests; wait a little for those in flight.
+        Safe in a signal handler: it takes no lock."""
         if not self.tally.stop:
             self.tally.stop = why
             grace = self.cfg.timeout if why == "time" else min(GRACE_SECONDS, self.cfg.timeout)
             self.stop_at = self.fx.clock() + grace
-        self.outcomes.put(WAKE)
+        self.wakeups.put(WAKE)
 
     def run(self) -> Tally:
+        """The main thread keeps time: it starts work when workers are idle,
+        sleeps until the next id is due, and stops the run. Workers settle
+        their own outcomes and take their next id themselves, under the lock."""
         workers = [threading.Thread(target=self._work, daemon=True) for _ in range(self.cfg.concurrency)]
         for worker in workers:
             worker.start()
         try:
-            while self.heap or self.active or self.inflight:
-                self.ledger.sync_if_due()
-                self.progress.tick(self)
-                if self.end_at is not None and not self.tally.stop and self.fx.clock() >= self.end_at:
-                    self.request_stop("time")
-                if not self.tally.stop:
-                    self._launch_ready()
-                elif not self.inflight or self.fx.clock() >= self.stop_at:
-                    break
-                self._wait()
+            while True:
+                with self.lock:
+                    if self.failure:
+                        raise self.failure
+                    if not self._tend():
+                        break
+                    timeout = self._timeout()
+                    idle = not self.inflight
+                    if idle:
+                        self.ledger.sync()  # about to idle: a good moment to make the state durable
+                (self.sleep if idle else self._idle_wait)(timeout)
         finally:
-            self.tally.abandoned = self.inflight
+            with self.lock:
+                self.closed = True  # a worker that finishes now records nothing
+                self.tally.abandoned = self.inflight
             for _ in workers:
                 self.jobs.put(None)
         return self.tally
 
-    def _launch_ready(self) -> None:
-        now = self.fx.clock()
-        self._promote(now)
-        while self.active and self.inflight < self.cfg.concurrency and self.next_slot <= now:
-            host = self._open_host(now)
-            if host is None:
-                return
-            item = host.ready.popleft()
-            if not host.ready:
-                self.active.remove(item.host)
-            host.start(now)
-            if self.cfg.rate:
-                self.next_slot = max(self.next_slot, now) + 1.0 / self.cfg.rate
-            if item.pass_no > 1 and item.tries == 0:
-                self.counts["awaiting"] -= 1
-            if item.pass_no not in self.started_passes:
-                self.started_passes.add(item.pass_no)
-                if item.pass_no > 1:
-                    self.progress.say(f"redrive: pass {item.pass_no}: re-driving ids that failed pass {item.pass_no - 1}")
-            self.inflight += 1
-            self.tally.requests += 1
+    def _tend(self) -> bool:
+        """One look at the run: sync, progress, deadline, start work. False: it is over."""
+        if not (self.heap or self.active or self.inflight):
+            return False
+        self.ledger.sync_if_due()
+        self.progress.tick(self)
+        if self.end_at is not None and not self.tally.stop and self.fx.clock() >= self.end_at:
+            self.request_stop("time")
+        if self.tally.stop:
+            return bool(self.inflight) and self.fx.clock() < self.stop_at
+        while self.inflight < self.cfg.concurrency:
+            item = self._take_ready()
+            if item is None:
+                break
             self.jobs.put(item)
+        return True
 
-    def _wait(self) -> None:
-        """Block until an outcome arrives or the next id becomes ready."""
+    def _timeout(self) -> Optional[float]:
+        """How long the main thread may wait before it must look again."""
         now = self.fx.clock()
         limits = [self.stop_at] if self.tally.stop else []
         wake = None if self.tally.stop else self._next_wake(now)
@@ -1233,45 +1236,67 @@ class Batch:
         if self.end_at is not None and not self.tally.stop:
             limits.append(self.end_at)
         timeout = max(0.0, min(limits) - now) if limits else None
-        if not self.inflight:
-            self.ledger.sync()  # about to idle: a good moment to make the state durable
-            if self.fx.sleep is None and self.progress.due_in() is not None:
-                timeout = min(timeout or 0.0, self.progress.due_in())  # keep the status line alive
-            self.sleep(timeout or 0.0)
-            return
-        for due in (self.ledger.seconds_to_sync(), self.progress.due_in()):
+        real = self.inflight or self.fx.sleep is None  # injected sleeps stay exact in tests
+        for due in (self.ledger.seconds_to_sync(), self.progress.due_in()) if real else ():
             if due is not None:
                 timeout = due if timeout is None else min(timeout, due)
-        try:
-            message = self.outcomes.get(timeout=timeout)
-        except queue.Empty:
-            return
-        while True:  # take every outcome already there: one wake-up, many settled
-            if message is not WAKE:
-                self.inflight -= 1
-                self.observe(*message)
-                self.settle(*message)
-            try:
-                message = self.outcomes.get_nowait()
-            except queue.Empty:
-                return
+        return timeout if self.inflight else (timeout or 0.0)
 
-    def _idle_wait(self, seconds: float) -> None:
-        """The real sleep: wakes early when a signal asks the run to stop."""
+    def _take_ready(self) -> Optional[Item]:
+        """The next id whose time has come and whose host lets it through, now."""
+        now = self.fx.clock()
+        self._promote(now)
+        if self.tally.stop or self.closed or self.inflight >= self.cfg.concurrency or self.next_slot > now:
+            return None
+        host = self._open_host(now) if self.active else None
+        if host is None:
+            return None
+        item = host.ready.popleft()
+        if not host.ready:
+            self.active.remove(item.host)
+        host.start(now)
+        if self.cfg.rate:
+            self.next_slot = max(self.next_slot, now) + 1.0 / self.cfg.rate
+        if item.pass_no > 1 and item.tries == 0:
+            self.counts["awaiting"] -= 1
+        if item.pass_no not in self.started_passes:
+            self.started_passes.add(item.pass_no)
+            if item.pass_no > 1:
+                self.progress.say(f"redrive: pass {item.pass_no}: re-driving ids that failed pass {item.pass_no - 1}")
+        self.inflight += 1
+        self.tally.requests += 1
+        return item
+
+    def _idle_wait(self, seconds: Optional[float]) -> None:
+        """Wait for a worker's or a signal's wake-up, or until it is time to look again."""
         try:
-            message = self.outcomes.get(timeout=seconds)
+            self.wakeups.get(timeout=seconds)
         except queue.Empty:
-            return
-        if message is not WAKE:
-            raise AssertionError("an outcome arrived with nothing in flight")
+            pass
 
     def _work(self) -> None:
+        """A worker: fetch, settle, and go straight on to the next ready id."""
         session = make_session(self.cfg)
-        while True:
-            job = self.jobs.get()
-            if job is None:
-                return
-            self.outcomes.put((job, fetch(session, job.id, self.cfg, self.redact, self.fx.wallclock)))
+        item = self.jobs.get()
+        while item is not None:
+            outcome = fetch(session, item.id, self.cfg, self.redact, self.fx.wallclock)
+            try:
+                with self.lock:
+                    item = self._finish(item, outcome)
+            except BaseException as exc:  # a full disk, or a bug: the main thread raises it
+                self.failure, item = exc, None
+            if item is None:
+                self.wakeups.put(WAKE)
+                item = self.jobs.get()
+
+    def _finish(self, item: Item, outcome: Outcome) -> Optional[Item]:
+        """Settle one outcome (the lock held); return this worker's next id, if any."""
+        if self.closed:
+            return None
+        self.inflight -= 1
+        self.observe(item, outcome)
+        self.settle(item, outcome)
+        return self._take_ready()
 
     # -- settling outcomes
 
