@@ -1275,16 +1275,21 @@ class Batch:
             pass
 
     def _work(self) -> None:
-        """A worker: fetch, settle, and go straight on to the next ready id."""
+        """A worker: fetch, settle, and go straight on to the next ready id.
+        Whatever goes wrong (a full disk, a bug) is raised by the main thread."""
+        try:
+            self._work_loop()
+        except BaseException as exc:
+            self.failure = exc
+            self.wakeups.put(WAKE)
+
+    def _work_loop(self) -> None:
         session = make_session(self.cfg)
         item = self.jobs.get()
         while item is not None:
             outcome = fetch(session, item.id, self.cfg, self.redact, self.fx.wallclock)
-            try:
-                with self.lock:
-                    item = self._finish(item, outcome)
-            except BaseException as exc:  # a full disk, or a bug: the main thread raises it
-                self.failure, item = exc, None
+            with self.lock:  # the ledger's lines go out in the order they are settled
+                item = self._finish(item, outcome)
             if item is None:
                 self.wakeups.put(WAKE)
                 item = self.jobs.get()
