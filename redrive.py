@@ -114,7 +114,7 @@ MIN_RATE = 0.5
 #: without a Retry-After they count only when they are this share of answers.
 THROTTLE_STATUSES = frozenset({429, 503})
 THROTTLE_SHARE = 0.1
-THROTTLE_SAMPLE = 10
+THROTTLE_SAMPLE = 50
 
 #: Seconds of history behind the requests-per-second figure and the ETA.
 RATE_WINDOW = 10.0
@@ -515,7 +515,7 @@ class Host:
             return
         self.cut_at = now
         self.limit = max(1.0, self.limit / 2)
-        seen = min(1.0, max(0.1, now - self.first_answer))  # a run's first second is shorter
+        seen = min(1.0, max(0.5, now - self.first_answer))  # a run's first second is shorter
         accepted = (len(self.recent) - kinds["throttle"]) / seen
         if accepted:
             self.rate = max(MIN_RATE, CUT_FACTOR * min(self.rate or accepted, accepted))
