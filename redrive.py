@@ -21,13 +21,21 @@ Pass one tries every pending id; pass two (up to --passes) re-drives only the
 failures, each --cooldown seconds after it failed. What still fails is
 confirmed unavailable, with its reason and a recommended action.
 
+A Retry-After on a 429 or 503 pauses the whole host; throttling also slows
+the host's pace and concurrency, which recover gradually (--rate and
+--per-host cap them; --shard K/N splits the ids over machines).
+
 State, in STATE_DIR (default: IDS_FILE without extension + ".redrive"),
-every file append-only, one record per line, flushed as written:
+the four ledgers append-only, one record per line, flushed as written:
   results.jsonl      one line per success: id, url, status, fetched_at, body
   done.txt           one id per line, written after its result line
   failed.jsonl       one line per failed (id, pass): bucket, status, error, tries
   unavailable.jsonl  one line per settled failure: reason, action
-Rerun the same command after Ctrl+C, a kill or a reboot to resume.
+  run.json           the request's shape (never a secret): drift is refused
+  report.json        the last run: counts, and every unresolved id with its action
+  lock               held by the running process
+Rerun the same command after Ctrl+C, a kill or a reboot to resume; plain
+`python redrive.py IDS_FILE` reuses the request recorded in run.json.
 
 Exit codes: 0 every id settled, 1 some ids pending or failed, 2 usage or
 input error, 3 halted by a fatal response, 75 another run holds the state
