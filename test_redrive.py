@@ -1280,12 +1280,23 @@ def test_success_recovers_the_pace_gradually():
 
 def test_a_rare_throttle_without_retry_after_is_that_items_problem():
     host = redrive.Host(limit=8.0, cap=8)
-    for n in range(40):
-        host.start(n / 50)
-        host.succeeded(n / 50 + 0.01, 8)
-    host.start(0.9)
-    host.throttled(0.91, wait=None)
+    for n in range(90):
+        host.start(n / 100)
+        host.succeeded(n / 100 + 0.01, 8)
+    host.start(0.92)
+    host.throttled(0.93, wait=None)  # 1 throttle in 91 answers
     assert host.limit == 8.0 and host.rate is None and host.paused_until == 0.0
+
+
+def test_many_throttles_without_retry_after_slow_the_host():
+    host = redrive.Host(limit=8.0, cap=8)
+    for n in range(45):
+        host.start(n / 100)
+        host.succeeded(n / 100 + 0.01, 8)
+    for n in range(6):  # 6 throttles in 51 answers: over 10%
+        host.start(0.5)
+        host.throttled(0.5 + n / 100, wait=None)
+    assert host.limit == 4.0 and host.rate is not None and host.paused_until == 0.0
 
 
 def test_paced_host_spaces_its_requests():
