@@ -112,8 +112,8 @@ TTY_INTERVAL = 0.25
 LOG_INTERVAL = 30.0
 
 #: The throttle response: the rate falls to CUT_FACTOR of what the host
-#: accepted in its last unpaused second; each success then adds RATE_GROWTH
-#: req/s, so the rate climbs back by RATE_GROWTH * 100 percent a second.
+#: answered in the last second; each success then adds RATE_GROWTH req/s,
+#: so the rate climbs back by RATE_GROWTH * 100 percent a second.
 CUT_FACTOR = 0.9
 RATE_GROWTH = 0.05
 MIN_RATE = 0.5
@@ -353,7 +353,7 @@ def recommend(bucket: Bucket, status: Optional[int], reason: str, passes: int, m
         if status == 400:
             return "rejected as a bad request (400): check the ids and the --url template"
         if reason.startswith("body over"):
-            return f"too large to read: raise --max-bytes, then rerun with --retry-unavailable"
+            return "too large to read: raise --max-bytes, then rerun with --retry-unavailable"
         if status is None:
             return f"{reason}: fix the URL or the host, then rerun with --retry-unavailable"
         return f"{status} is not retried: check {item} upstream, or add {status} to --retry"
@@ -465,15 +465,16 @@ class Redactor:
 
 @dataclass
 class Host:
-    """One origin's gate: a throttle pause, an adaptive rate and concurrency (AIMD).
+    """One origin's gate: a throttle pause, an adaptive rate and concurrency.
 
     A throttle (429 or 503) pauses the host for its Retry-After. It also cuts
     the pace, at most once a second, when it is a clear signal: it carries a
-    Retry-After, or throttles are THROTTLE_SHARE of the host's answers in the
-    last second (one 503 among hundreds of 200s is that item's problem). The
-    cut: the rate falls to CUT_FACTOR of the answers (any but a throttle) the
-    host gave per second over the last second, the concurrency to half. Each success adds RATE_GROWTH req/s to the
-    rate (5 percent a second at any pace) and 1 / limit to the concurrency.
+    Retry-After, or throttles are THROTTLE_SHARE of the host's last
+    THROTTLE_SAMPLE or more answers (one 503 among hundreds of 200s is that
+    item's problem). The cut: the rate falls to CUT_FACTOR of the answers
+    (any but a throttle) the host gave per second over the last second, and
+    the concurrency to half. Each success adds RATE_GROWTH req/s to the rate
+    (5 percent a second at any pace) and 1 / limit to the concurrency.
     """
 
     limit: float  #: concurrency ceiling, between 1 and --concurrency
@@ -793,9 +794,9 @@ def read_records(path: Path) -> Iterable[dict]:
 
 def load_state(state_dir: Path, repair: bool = True, wanted: Optional[dict] = None) -> State:
     """Repair what a kill can leave (unless only looking), then read who is
-    done, failed and unavailable. With wanted (input ids mapped to themselves), done keeps
-    only those, as the very same string objects: a million done ids then
-    cost a set, not a second copy of every string."""
+    done, failed and unavailable. With wanted (the input ids, each mapped to
+    itself), done keeps only those, as the very same string objects: a
+    million done ids then cost a set, not a second copy of every string."""
     state = State()
     for name in STATE_FILES if repair else ():
         note = repair_torn_tail(state_dir / name)
@@ -947,8 +948,8 @@ class GuardedSession(requests.Session):
 
     requests itself strips only Authorization on a cross-host redirect; an
     X-API-Key header would follow the redirect anywhere. And with trust_env
-    it looks proxies up in the environment on every request, which costs
-    about a third of its CPU per request against a fast local server.
+    it looks proxies, the CA bundle and .netrc up in the environment on every
+    request, a cost that shows against a fast API.
     """
 
     def __init__(self, guarded: frozenset):
@@ -1111,8 +1112,9 @@ class Tally:
 
 
 class Batch:
-    """Runs the passes: schedules ids by the time they become ready, hands
-    them to worker threads, and settles every outcome in this one thread."""
+    """Runs the passes: schedules ids by the time they become ready, behind
+    their host's gate. Workers fetch, settle their outcome and take their
+    next id under one lock; the main thread keeps time and stops the run."""
 
     def __init__(self, cfg: Config, ledger: Ledger, state: State, fx: Effects, redact: Redactor, progress):
         self.cfg, self.ledger, self.state, self.fx = cfg, ledger, state, fx
@@ -1971,15 +1973,19 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
                     progress.clear()
         finally:
             ledger.close()
-    report = build_report(ids, duplicates, state, tally, cfg, fx.clock() - started, redact)
+        report = build_report(ids, duplicates, state, tally, cfg, fx.clock() - started, redact)
+        return finish(report, tally, cfg, redact, err)
+
+
+def finish(report: dict, tally: Tally, cfg: Config, redact: Redactor, err) -> ExitCode:
+    """Write report.json (and --report), print the summary, return the exit code."""
     code = exit_code(report)
     report["exit_code"] = int(code)
     text = json.dumps(report, indent=1, ensure_ascii=False) + "\n"
     for path in filter(None, (cfg.state_dir / "report.json", cfg.report)):
         write_atomically(path, text)
-    lines = stop_lines(tally, cfg, redact) + summarize(report)
     if code != ExitCode.OK or not cfg.quiet:
-        print("\n".join(lines), file=err, flush=True)
+        print("\n".join(stop_lines(tally, cfg, redact) + summarize(report)), file=err, flush=True)
     return code
 
 
@@ -2009,7 +2015,7 @@ def main(argv=None, *, fx: Effects = Effects(), err=None, out=None, environ=None
         print(f"redrive: error: {exc}", file=err)
         return int(exc.code)
     except KeyboardInterrupt:
-        print("redrive: interrupted before the run started; nothing was written", file=err)
+        print("redrive: interrupted while starting; rerun the same command", file=err)
         return int(ExitCode.INTERRUPTED)
     finally:
         if server is not None:
