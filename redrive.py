@@ -1841,7 +1841,7 @@ def build_parser() -> Parser:
     run = p.add_argument_group("run")
     run.add_argument("--state-dir", type=Path, metavar="DIR", help="default: IDS_FILE's name + .redrive")
     run.add_argument("--concurrency", type=positive_int, default=4, metavar="N", help="worker threads (4)")
-    run.add_argument("--timeout", type=positive_seconds, default=30.0, metavar="S", help="limit per attempt (30)")
+    run.add_argument("--timeout", type=positive_seconds, default=30.0, metavar="S", help="connect, wait, body limit (30)")
     run.add_argument("--tries", type=positive_int, default=5, metavar="N", help="attempts per pass (5)")
     run.add_argument("--passes", type=positive_int, default=2, metavar="N", help="passes; later ones re-drive failures (2)")
     run.add_argument("--backoff", type=seconds, default=1.0, metavar="S", help="first backoff, doubling (1)")
