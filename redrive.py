@@ -112,7 +112,7 @@ TTY_INTERVAL = 0.25
 LOG_INTERVAL = 30.0
 
 #: The throttle response: the rate falls to CUT_FACTOR of what the host
-#: answered in the last second; each success then adds RATE_GROWTH req/s,
+#: answered in its last open second; each success then adds RATE_GROWTH req/s,
 #: so the rate climbs back by RATE_GROWTH * 100 percent a second.
 CUT_FACTOR = 0.9
 RATE_GROWTH = 0.05
@@ -472,8 +472,8 @@ class Host:
     Retry-After, or throttles are THROTTLE_SHARE of the host's last
     THROTTLE_SAMPLE or more answers (one 503 among hundreds of 200s is that
     item's problem). The cut: the rate falls to CUT_FACTOR of the answers
-    (any but a throttle) the host gave per second over the last second, and
-    the concurrency to half. Each success adds RATE_GROWTH req/s to the rate
+    (any but a throttle) the host gave per second over the last second it
+    was open (not paused), and the concurrency to half. Each success adds RATE_GROWTH req/s to the rate
     (5 percent a second at any pace) and 1 / limit to the concurrency.
     """
 
@@ -516,16 +516,18 @@ class Host:
     def throttled(self, now: float, wait: Optional[float]) -> None:
         """A 429 or 503: pause for its Retry-After; slow down if it is a clear signal."""
         self.answered(now, "throttle")
+        pausing, resumed = self.paused_until > now, self.paused_until
         if wait is not None:
             self.paused_until = max(self.paused_until, now + wait)
         kinds = Counter(kind for _, kind in self.recent)
         many = len(self.recent) >= THROTTLE_SAMPLE and kinds["throttle"] >= THROTTLE_SHARE * len(self.recent)
-        if not (wait is not None or many) or now - self.cut_at < 1.0:
-            return
+        if not (wait is not None or many) or pausing or now - self.cut_at < 1.0:
+            return  # no signal, or one the pause under way already answers
         self.cut_at = now
         self.limit = max(1.0, self.limit / 2)
-        seen = min(1.0, max(0.5, now - self.first_answer))  # a run's first second is shorter
-        accepted = (len(self.recent) - kinds["throttle"]) / seen
+        since = max(now - 1.0, self.first_answer, resumed)  # the last second the host was open
+        answers = sum(1 for t, kind in self.recent if t >= since and kind != "throttle")
+        accepted = answers / max(0.5, now - since)
         if accepted:
             self.rate = max(MIN_RATE, CUT_FACTOR * min(self.rate or accepted, accepted))
         elif self.rate:

@@ -1334,3 +1334,20 @@ def test_proxy_settings_from_the_environment_are_honoured(server, tmp_path, monk
         proxy.shutdown()
         proxy.server_close()
         thread.join()
+
+
+def test_a_throttle_during_a_pause_is_already_answered_and_the_rate_counts_only_open_time():
+    host = redrive.Host(limit=8.0, cap=8)
+    for n in range(20):
+        host.start(n / 100)
+        host.succeeded(n / 100 + 0.01, 8)
+    host.throttled(0.3, wait=1.0)  # the first cut; paused until 1.3
+    assert host.limit == 4.0 and host.paused_until == 1.3
+    host.throttled(1.2, wait=1.0)  # sent before the pause, answered during it
+    assert host.limit == 4.0 and host.paused_until == 2.2
+    for n in range(30):  # the host open again from 2.2: 30 answers in 0.6 s
+        host.start(2.2 + n / 50)
+        host.succeeded(2.2 + n / 50 + 0.001, 8)
+    rate = host.rate
+    host.throttled(2.8, wait=1.0)
+    assert host.rate == pytest.approx(0.9 * min(rate, 30 / 0.6))
