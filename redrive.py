@@ -396,10 +396,8 @@ def build_url(template: str, item_id: str) -> str:
     return template.replace("{id}", quote(item_id, safe=""))
 
 
-def build_body(template: Optional[str], item_id: str, as_json: bool) -> Optional[bytes]:
+def build_body(template: str, item_id: str, as_json: bool) -> bytes:
     """The request body: {id} JSON-escaped in a JSON body, form-encoded in any other."""
-    if template is None:
-        return None
     value = json.dumps(item_id, ensure_ascii=False)[1:-1] if as_json else quote_plus(item_id)
     return template.replace("{id}", value).encode("utf-8")
 
@@ -730,16 +728,13 @@ def fsync_dir(path: Path) -> None:
 
 def repair_torn_tail(path: Path) -> Optional[str]:
     """Cut off a last line without its newline (a kill mid-write); say so."""
-    try:
-        with open(path, "rb+") as fh:
-            size = fh.seek(0, os.SEEK_END)
-            if size == 0 or _byte_at(fh, size - 1) == b"\n":
-                return None
-            keep = _last_newline(fh, size) + 1
-            fh.truncate(keep)
-            return f"{path.name}: cut off a torn last line ({size - keep} bytes, from an interrupted write)"
-    except FileNotFoundError:
+    if not has_torn_tail(path):
         return None
+    with open(path, "rb+") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        keep = _last_newline(fh, size) + 1
+        fh.truncate(keep)
+    return f"{path.name}: cut off a torn last line ({size - keep} bytes, from an interrupted write)"
 
 
 def _byte_at(fh, offset: int) -> bytes:
@@ -1009,7 +1004,7 @@ def fetch(session: GuardedSession, item_id: str, cfg: Config, redact: Redactor,
     session.origin = origin_of(url)
     proxies, auth = session.environment(url, session.origin)
     deadline = time.monotonic() + cfg.timeout
-    body = build_body(cfg.data, item_id, cfg.json_data)
+    body = None if cfg.data is None else build_body(cfg.data, item_id, cfg.json_data)
     try:
         with session.request(cfg.method, url, data=body, timeout=cfg.timeout, stream=True,
                              proxies=proxies or None, auth=auth) as resp:
