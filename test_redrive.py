@@ -1,6 +1,7 @@
 """Tests for redrive.py: a real HTTP server on 127.0.0.1, real files, real
 subprocesses and signals; the clock, the sleep and the randomness injected."""
 
+import base64
 import email.utils
 import io
 import json
@@ -617,6 +618,25 @@ def test_redirect_keeps_the_input_id_and_notes_final_url(server, tmp_path):
     [result] = state(tmp_path, "results.jsonl")
     assert result["id"] == "old" and result["final_url"] == server.base + "/items/new"
     assert state(tmp_path, "done.txt") == ["old"]
+
+
+def test_a_cookie_the_api_sets_is_sent_back_on_later_requests(server, tmp_path):
+    server.replies["a"] = [(200, b'{"id": "a"}', {"Set-Cookie": "sid=abc123; Path=/"})]
+    code, _, _ = crawl(server, tmp_path, ["a", "b"])
+    assert code == ExitCode.OK
+    assert "Cookie" not in server.seen_headers[0]
+    assert server.seen_headers[1].get("Cookie") == "sid=abc123"
+
+
+def test_netrc_credentials_are_sent_to_their_host_and_recorded_nowhere(server, tmp_path, monkeypatch):
+    netrc = tmp_path / "netrc"
+    netrc.write_text(f"machine 127.0.0.1 login robot password {SECRET}\n")
+    monkeypatch.setenv("NETRC", str(netrc))
+    code, _, _ = crawl(server, tmp_path, ["a", "b"])
+    assert code == ExitCode.OK
+    expected = "Basic " + base64.b64encode(f"robot:{SECRET}".encode()).decode()
+    assert [h.get("Authorization") for h in server.seen_headers] == [expected, expected]
+    assert SECRET not in "".join(p.read_text() for p in (tmp_path / "ids.redrive").iterdir() if p.is_file())
 
 
 def test_quiet_prints_nothing_on_success_and_the_summary_on_failure(server, tmp_path):
