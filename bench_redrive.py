@@ -58,6 +58,7 @@ def kind_of(item: str, flaky: bool) -> str:
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True
+    wbufsize = -1  # headers and body leave in one write, flushed after each answer, as most servers do
 
     def do_GET(self):
         srv = self.server

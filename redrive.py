@@ -971,13 +971,14 @@ class GuardedSession(requests.Session):
         """Send one request as Session.request would, for a fraction of its CPU.
 
         Session.request merges the session's settings into every request anew
-        (headers, cookies, hooks, proxies, verify), and that costs more CPU
-        than the HTTP exchange itself: measured here, 827 us against 498 us a
-        request. The settings are fixed for a whole run, so the request is
-        prepared by hand from the session's headers and cookies and goes
-        straight to the transport adapter; requests' own code still does the
-        rest: URL and body encoding, .netrc auth, cookies set by the answer,
-        and redirects (through rebuild_proxies and rebuild_auth below).
+        (headers, cookies, hooks, proxies, verify), which costs about as much
+        CPU as the HTTP exchange itself; with 32 threads on one GIL that CPU
+        is the ceiling (see the clean scenario of bench_redrive.py). The
+        settings are fixed for a whole run, so the request is prepared from
+        the session's headers and cookies and goes straight to the transport
+        adapter; requests' own code still does the rest: URL and body
+        encoding, .netrc auth, cookies set by the answer, and redirects
+        (through rebuild_proxies and rebuild_auth below).
         """
         prepared = requests.PreparedRequest()
         prepared.prepare_method(method)
