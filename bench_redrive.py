@@ -1,16 +1,21 @@
 """Benchmark redrive.py against a local server; prints one table per scenario.
 
-usage: python bench_redrive.py [SCENARIO ...] [--ids N]
+usage: python bench_redrive.py [SCENARIO ...] [--ids N] [--latency MS]
+                                [--concurrency N] [--limit R] [--faults MIX]
 
 Scenarios (all by default):
   clean          10,000 ids, 20 ms latency, concurrency 32; a bare 32-thread
                  requests loop runs beside redrive for comparison
-  flaky          the same with about 8% faults: 429 once, 503 twice, 500 for
-                 ever, 404, an empty body, a slow answer, a dropped connection
+  flaky          the same with 8% faults: 429 once, 503 twice, 500 for ever,
+                 404 (2%), an empty body, a slow answer, a dropped connection
   rate-limited   3,000 ids; the server allows 100 requests a second and answers
                  429 with a Retry-After beyond that; concurrency 32, no --rate
   resume         1,000,000 ids of which 999,990 are done already
   fsync          5,000 ids, no latency: the cost of --fsync against the default
+
+--latency, --concurrency and --limit change those figures; --faults sets the
+flaky mix as KIND=PERCENT pairs, e.g. --faults 500-forever=5,404=10 (kinds:
+429-once 503-twice 500-forever 404 empty-once slow drop-once).
 
 The server runs in its own process on 127.0.0.1, redrive runs as a real
 subprocess, and os.wait4 gives its CPU time and peak memory. A benchmark, not
@@ -33,23 +38,40 @@ import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import NamedTuple
 
 HERE = Path(__file__).resolve().parent
-LATENCY = 0.020
-CONCURRENCY = 32
 FLAKY_OPTIONS = ["--backoff", "0.1", "--max-backoff", "1", "--cooldown", "2"]
-
-#: fault kind by id number modulo 100: about 8% of ids misbehave
-FAULTS = {7: "429-once", 19: "503-twice", 31: "500-forever", 43: "404", 55: "empty-once",
-          67: "slow", 79: "drop-once", 91: "404"}
+#: percent of ids of each fault kind in the flaky scenario: 8% in all
+FAULTS = {"429-once": 1, "503-twice": 1, "500-forever": 1, "404": 2, "empty-once": 1, "slow": 1, "drop-once": 1}
 SLOW = 0.3
 #: requests each kind needs under redrive's default policy (5 tries, 2 passes)
 NEEDED = {"ok": 1, "429-once": 2, "503-twice": 3, "500-forever": 10, "404": 1, "empty-once": 2,
           "slow": 1, "drop-once": 2}
+#: the shortest wait after a kind's first request before its id settles, with FLAKY_OPTIONS
+#: (backoffs at their shortest, half the nominal delay; the 500s also wait out the cool-down)
+CHAIN = {"ok": 0.0, "404": 0.0, "slow": 0.0, "429-once": 0.05, "empty-once": 0.05, "drop-once": 0.05,
+         "503-twice": 0.05 + 0.1, "500-forever": 2 * (0.05 + 0.1 + 0.2 + 0.4) + 2}
 
 
-def kind_of(item: str, flaky: bool) -> str:
-    return FAULTS.get(int(item[1:]) % 100, "ok") if flaky else "ok"
+class Settings(NamedTuple):
+    latency: float = 0.020  #: seconds the server takes per answer
+    concurrency: int = 32
+    limit: int = 100  #: requests a second the rate-limited server allows
+    faults: tuple = ()  #: the flaky scenario's id -> kind table, 100 slots
+
+
+def fault_table(mix: dict) -> tuple:
+    """100 slots (id number modulo 100) holding each kind's share, spread out."""
+    slots = ["ok"] * 100
+    kinds = [kind for kind, percent in mix.items() for _ in range(percent)]
+    for j, kind in enumerate(kinds):
+        slots[(7 + 37 * j) % 100] = kind  # 37 is prime to 100: every slot, in a scattered order
+    return tuple(slots)
+
+
+def kind_of(item: str, faults: tuple) -> str:
+    return faults[int(item[1:]) % 100] if faults else "ok"
 
 
 # ------------------------------------------------------------------ server
@@ -65,7 +87,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/_stats":
             return self.send(200, json.dumps(srv.stats()).encode())
         item = self.path.rsplit("/", 1)[-1]
-        kind = kind_of(item, srv.flaky)
+        kind = kind_of(item, srv.faults)
         with srv.lock:
             srv.hits[item] += 1
             hit = srv.hits[item]
@@ -118,9 +140,9 @@ class BenchServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 256
 
-    def __init__(self, latency, flaky, limit):
+    def __init__(self, latency, faults, limit):
         super().__init__(("127.0.0.1", 0), Handler)
-        self.latency, self.flaky, self.limit = latency, flaky, limit
+        self.latency, self.faults, self.limit = latency, faults, limit
         self.lock = threading.Lock()
         self.hits, self.statuses, self.settled, self.wasted = Counter(), Counter(), set(), 0
         self.window, self.in_window = 0, 0
@@ -146,15 +168,15 @@ class BenchServer(ThreadingHTTPServer):
             return {"hits": dict(self.hits), "statuses": dict(self.statuses), "wasted": self.wasted}
 
 
-def serve(port_queue, latency, flaky, limit):
-    server = BenchServer(latency, flaky, limit)
+def serve(port_queue, latency, faults, limit):
+    server = BenchServer(latency, faults, limit)
     port_queue.put(server.server_address[1])
     server.serve_forever(0.05)
 
 
-def start_server(latency=LATENCY, flaky=False, limit=0):
+def start_server(latency, faults=(), limit=0):
     ports = multiprocessing.Queue()
-    proc = multiprocessing.Process(target=serve, args=(ports, latency, flaky, limit), daemon=True)
+    proc = multiprocessing.Process(target=serve, args=(ports, latency, faults, limit), daemon=True)
     proc.start()
     return proc, f"http://127.0.0.1:{ports.get(timeout=10)}"
 
@@ -168,14 +190,41 @@ def server_stats(base):
 # ------------------------------------------------------------- measuring
 
 
-def measured(cmd, env=None):
-    """Run cmd; (wall seconds, CPU seconds, peak RSS in MB, exit code, stderr)."""
+class Run(NamedTuple):
+    wall: float  #: seconds
+    cpu: float  #: user + system seconds
+    rss: float  #: peak resident memory, MB
+    code: int
+    err: bytes
+
+
+def measured(cmd, env=None) -> Run:
+    """Run cmd as a subprocess and measure it with os.wait4."""
     started = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     err = proc.stderr.read()
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.monotonic() - started
-    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, os.waitstatus_to_exitcode(status), err
+    return Run(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, os.waitstatus_to_exitcode(status), err)
+
+
+def sent_and_throttled(before, after):
+    """Requests the server saw between two /_stats snapshots, and how many it answered 429."""
+    sent = sum(after["hits"].values()) - sum(before["hits"].values())
+    throttled = after["statuses"].get("429", 0) - before["statuses"].get("429", 0)
+    return sent, throttled
+
+
+def core_rows(run, ideal, ideal_how, target, sent, needed, throttled):
+    """The rows every scenario prints, in the same order."""
+    return [
+        (f"ideal ({ideal_how})", f"{ideal:.2f} s"),
+        ("wall", f"{run.wall:.2f} s, efficiency {ideal / run.wall:.2f} ({target})"),
+        ("requests sent / minimum needed", f"{sent} / {needed}"),
+        ("429s", f"{throttled} = {throttled / max(sent, 1):.1%} of requests"),
+        ("client CPU per request", f"{run.cpu / max(sent, 1) * 1e6:.0f} us ({run.cpu:.2f} s in all)"),
+        ("peak memory", f"{run.rss:.0f} MB"),
+    ]
 
 
 def bare_loop(base, count, concurrency):
@@ -222,86 +271,85 @@ def table(title, rows):
 # -------------------------------------------------------------- scenarios
 
 
-def clean(folder, count):
-    proc, base = start_server()
+def clean(folder, count, opt):
+    proc, base = start_server(opt.latency)
     try:
         ids = write_ids(folder, count)
-        ideal = count * LATENCY / CONCURRENCY
-        b_wall, b_cpu, b_rss, _, _ = measured([sys.executable, __file__, "--bare", base, str(count), str(CONCURRENCY)])
-        r_wall, r_cpu, r_rss, code, err = measured(redrive_cmd(ids, base, "--concurrency", str(CONCURRENCY)))
-        sent = sum(server_stats(base)["hits"].values()) - count
+        bare = measured([sys.executable, __file__, "--bare", base, str(count), str(opt.concurrency)])
+        before = server_stats(base)
+        run = measured(redrive_cmd(ids, base, "--concurrency", str(opt.concurrency)))
+        sent, throttled = sent_and_throttled(before, server_stats(base))
     finally:
         proc.terminate()
-    table(f"clean: {count} ids, {LATENCY * 1000:.0f} ms latency, concurrency {CONCURRENCY} (exit {code})", [
-        ("ideal (N x latency / concurrency)", f"{ideal:.2f} s"),
-        ("bare requests loop: wall", f"{b_wall:.2f} s, efficiency {ideal / b_wall:.2f}, "
-                                     f"CPU {b_cpu / count * 1e6:.0f} us/request, peak {b_rss:.0f} MB"),
-        ("redrive: wall", f"{r_wall:.2f} s, efficiency {ideal / r_wall:.2f} "
-                          f"({b_wall / r_wall:.2f} of the bare loop's)"),
-        ("redrive: requests sent / needed", f"{sent} / {count}"),
-        ("redrive: CPU per request", f"{r_cpu / sent * 1e6:.0f} us ({r_cpu / sent / (b_cpu / count):.2f} x bare)"),
-        ("redrive: peak memory", f"{r_rss:.0f} MB"),
-    ])
-    if code:
-        print(err.decode()[-2000:])
+    ideal = count * opt.latency / opt.concurrency
+    rows = core_rows(run, ideal, "N x latency / concurrency", "target 0.90, or 0.90 of the bare loop's",
+                     sent, count, throttled)
+    rows[2:2] = [
+        ("bare requests loop: wall", f"{bare.wall:.2f} s, efficiency {ideal / bare.wall:.2f}, "
+                                     f"CPU {bare.cpu / count * 1e6:.0f} us/request, peak {bare.rss:.0f} MB"),
+        ("redrive against the bare loop", f"{bare.wall / run.wall:.2f} of its efficiency, "
+                                          f"{run.cpu / max(sent, 1) / (bare.cpu / count):.2f} x its CPU per request "
+                                          f"(target <= 1.3)"),
+    ]
+    table(f"clean: {count} ids, {opt.latency * 1000:g} ms latency, concurrency {opt.concurrency} (exit {run.code})",
+          rows)
+    show_error(run)
 
 
-def flaky(folder, count):
-    proc, base = start_server(flaky=True)
+def flaky(folder, count, opt):
+    proc, base = start_server(opt.latency, faults=opt.faults)
     try:
         ids = write_ids(folder, count)
-        kinds = Counter(kind_of(f"i{n}", True) for n in range(count))
-        needed = sum(NEEDED[k] * n for k, n in kinds.items())
-        work = sum((SLOW if k == "slow" else LATENCY) * NEEDED[k] * n for k, n in kinds.items()) / CONCURRENCY
-        # the last 500-for-ever id cannot start before the work is nearly done; then it
-        # waits out 2 passes of 4 backoffs (at their shortest, d/2) and one cool-down
-        chain = 2 * sum(0.1 * 2 ** i / 2 for i in range(4)) + 2 + 10 * LATENCY
-        ideal = work + chain
-        wall, cpu, rss, code, err = measured(redrive_cmd(ids, base, "--concurrency", str(CONCURRENCY),
-                                                         *FLAKY_OPTIONS))
+        run = measured(redrive_cmd(ids, base, "--concurrency", str(opt.concurrency), *FLAKY_OPTIONS))
         stats = server_stats(base)
     finally:
         proc.terminate()
-    sent = sum(stats["hits"].values())
-    over = {k: sum(stats["hits"].get(f"i{n}", 0) for n in range(count) if kind_of(f"i{n}", True) == k) - NEEDED[k] * m
-            for k, m in kinds.items()}
-    table(f"flaky: {count} ids, {sum(n for k, n in kinds.items() if k != 'ok') / count:.0%} faulty "
-          f"({', '.join(f'{n} {k}' for k, n in kinds.items() if k != 'ok')}) (exit {code})", [
-        ("options", " ".join(FLAKY_OPTIONS)),
-        ("ideal (work / concurrency + the last backoff chain)", f"{work:.2f} + {chain:.2f} = {ideal:.2f} s"),
-        ("wall", f"{wall:.2f} s, efficiency {ideal / wall:.2f}"),
-        ("requests sent / minimum needed", f"{sent} / {needed}"),
-        ("wasted (a done or 404 id fetched again)", f"{stats['wasted']}"),
+    kind = {f"i{n}": kind_of(f"i{n}", opt.faults) for n in range(count)}
+    counted = Counter(kind.values())
+    kinds = {k: counted[k] for k in NEEDED if k in counted}  # in a fixed order
+    needed = sum(NEEDED[k] * n for k, n in kinds.items())
+    work = sum((SLOW if k == "slow" else opt.latency) * NEEDED[k] * n for k, n in kinds.items()) / opt.concurrency
+    # the last id of the slowest-settling kind cannot start before the work is nearly
+    # done; then it waits out its backoffs (and cool-down) between its requests
+    chain = max(CHAIN[k] + NEEDED[k] * opt.latency for k in kinds)
+    sent, throttled = sent_and_throttled({"hits": {}, "statuses": {}}, stats)
+    over = Counter()
+    for item, hits in stats["hits"].items():
+        over[kind[item]] += hits
+    over = {k: over[k] - NEEDED[k] * m for k, m in kinds.items()}
+    rows = core_rows(run, work + chain, f"work / concurrency + the last backoff chain: {work:.2f} + {chain:.2f}",
+                     "target 0.85", sent, needed, throttled)
+    rows[0:0] = [("options", " ".join(FLAKY_OPTIONS))]
+    rows[4:4] = [
+        ("wasted (a done or 404 id fetched again)", f"{stats['wasted']} (target 0)"),
         ("requests over the minimum, by kind", ", ".join(f"{k} {v:+d}" for k, v in over.items())),
-        ("CPU per request", f"{cpu / sent * 1e6:.0f} us"),
-        ("peak memory", f"{rss:.0f} MB"),
-    ])
-    if code:
-        print(err.decode()[-2000:])
+    ]
+    table(f"flaky: {count} ids, {sum(n for k, n in kinds.items() if k != 'ok') / count:.0%} faulty "
+          f"({', '.join(f'{n} {k}' for k, n in kinds.items() if k != 'ok')}) (exit {run.code})", rows)
+    show_error(run)
 
 
-def rate_limited(folder, count, limit=100):
-    proc, base = start_server(limit=limit)
+def rate_limited(folder, count, opt):
+    limit = opt.limit
+    proc, base = start_server(opt.latency, limit=limit)
     try:
         ids = write_ids(folder, count)
-        wall, cpu, rss, code, err = measured(redrive_cmd(ids, base, "--concurrency", str(CONCURRENCY)))
+        run = measured(redrive_cmd(ids, base, "--concurrency", str(opt.concurrency)))
         stats = server_stats(base)
     finally:
         proc.terminate()
-    sent = sum(stats["hits"].values())
-    throttled = stats["statuses"].get("429", 0)
+    sent, throttled = sent_and_throttled({"hits": {}, "statuses": {}}, stats)
     ideal = count / limit
-    table(f"rate-limited: {count} ids, server allows {limit}/s, concurrency {CONCURRENCY}, no --rate (exit {code})", [
-        ("ideal (N / limit)", f"{ideal:.2f} s"),
-        ("wall", f"{wall:.2f} s = {wall / ideal:.3f} x ideal (target <= 1.15)"),
-        ("requests sent / needed", f"{sent} / {count}"),
-        ("429s", f"{throttled} = {throttled / sent:.1%} of requests (target <= 5%)"),
-        ("CPU per request", f"{cpu / sent * 1e6:.0f} us"),
-    ])
+    rows = core_rows(run, ideal, "N / limit", "target: wall <= 1.15 x ideal, efficiency >= 0.87",
+                     sent, count, throttled)
+    rows[3] = ("429s", f"{throttled} = {throttled / max(sent, 1):.1%} of requests (target <= 5%)")
+    table(f"rate-limited: {count} ids, server allows {limit}/s, concurrency {opt.concurrency}, no --rate "
+          f"(exit {run.code})", rows)
+    show_error(run)
 
 
-def resume(folder, count=1_000_000, left=10):
-    proc, base = start_server(latency=0.0)
+def resume(folder, count, opt, left=10):
+    proc, base = start_server(0.0)
     try:
         ids = write_ids(folder, count)
         state = folder / "ids.redrive"
@@ -310,27 +358,36 @@ def resume(folder, count=1_000_000, left=10):
             for n in range(count - left):
                 done.write(f"i{n}\n")
                 results.write(f'{{"id":"i{n}","url":"u","status":200,"fetched_at":"t","body":{{}}}}\n')
-        wall, cpu, rss, code, err = measured(redrive_cmd(ids, base))
-        sent = sum(server_stats(base)["hits"].values())
+        run = measured(redrive_cmd(ids, base))
+        sent, throttled = sent_and_throttled({"hits": {}, "statuses": {}}, server_stats(base))
     finally:
         proc.terminate()
-    table(f"resume: {count} ids, {count - left} already done (exit {code})", [
-        ("wall", f"{wall:.2f} s (target < 3 s)"),
-        ("peak memory", f"{rss:.0f} MB (target < 250 MB)"),
-        ("requests sent", f"{sent}"),
-    ])
+    rows = [
+        ("wall", f"{run.wall:.2f} s (target < 3 s)"),
+        ("requests sent / minimum needed", f"{sent} / {left}"),
+        ("429s", f"{throttled}"),
+        ("client CPU", f"{run.cpu:.2f} s, reading the state and the ids included"),
+        ("peak memory", f"{run.rss:.0f} MB (target < 250 MB)"),
+    ]
+    table(f"resume: {count} ids, {count - left} already done (exit {run.code})", rows)
+    show_error(run)
 
 
-def fsync(folder, count=5000):
-    proc, base = start_server(latency=0.0)
+def show_error(run):
+    if run.code:
+        print(run.err.decode(errors="replace")[-2000:])
+
+
+def fsync(folder, count, opt):
+    proc, base = start_server(0.0)
     rows = []
     try:
         ids = write_ids(folder, count)
         for options in ([], ["--fsync"]):
             shutil.rmtree(folder / "ids.redrive", ignore_errors=True)
-            wall, cpu, _, code, _ = measured(redrive_cmd(ids, base, "--concurrency", "8", *options))
-            rows.append((" ".join(["redrive"] + options) + " (exit %d)" % code,
-                         f"{wall:.2f} s wall, {count / wall:.0f} ids/s, {wall / count * 1e3:.2f} ms/id"))
+            run = measured(redrive_cmd(ids, base, "--concurrency", "8", *options))
+            rows.append((" ".join(["redrive"] + options) + f" (exit {run.code})",
+                         f"{run.wall:.2f} s wall, {count / run.wall:.0f} ids/s, {run.wall / count * 1e3:.2f} ms/id"))
     finally:
         proc.terminate()
     table(f"fsync: {count} ids, no latency, concurrency 8, state on {fs_type(folder)}", rows)
@@ -345,7 +402,7 @@ def fs_type(folder):
 
 
 SCENARIOS = {"clean": clean, "flaky": flaky, "rate-limited": rate_limited, "resume": resume, "fsync": fsync}
-COUNTS = {"clean": 10_000, "flaky": 10_000, "rate-limited": 3_000}
+COUNTS = {"clean": 10_000, "flaky": 10_000, "rate-limited": 3_000, "resume": 1_000_000, "fsync": 5_000}
 
 
 def main(argv=None):
@@ -353,15 +410,35 @@ def main(argv=None):
         base, count, concurrency = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
         return bare_loop(base, count, concurrency)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("scenarios", nargs="*", choices=[[]] + list(SCENARIOS), default=[])
-    parser.add_argument("--ids", type=int, help="ids per scenario instead of the defaults")
+    parser.add_argument("scenarios", nargs="*", choices=[[]] + list(SCENARIOS), default=[], metavar="SCENARIO",
+                        help="any of: " + " ".join(SCENARIOS) + " (default: all)")
+    parser.add_argument("--ids", type=int, metavar="N", help="ids per scenario instead of the defaults")
+    parser.add_argument("--latency", type=float, default=20, metavar="MS", help="server latency (default 20)")
+    parser.add_argument("--concurrency", type=int, default=32, metavar="N", help="redrive's and the bare loop's (default 32)")
+    parser.add_argument("--limit", type=int, default=100, metavar="R",
+                        help="requests a second the rate-limited server allows (default 100)")
+    parser.add_argument("--faults", type=fault_mix, default=FAULTS, metavar="MIX",
+                        help="the flaky mix, KIND=PERCENT,... (default: %s)" % ",".join(f"{k}={v}" for k, v in FAULTS.items()))
     args = parser.parse_args(argv)
+    opt = Settings(args.latency / 1000, args.concurrency, args.limit, fault_table(args.faults))
     print(f"redrive benchmark: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
     for name in args.scenarios or SCENARIOS:
         with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as folder:
-            count = args.ids or COUNTS.get(name)
-            SCENARIOS[name](Path(folder), *([count] if count else []))
+            SCENARIOS[name](Path(folder), args.ids or COUNTS[name], opt)
     return 0
+
+
+def fault_mix(text: str) -> dict:
+    """'500-forever=5,404=10' -> {'500-forever': 5, '404': 10}: whole percents, 100 at most."""
+    mix = {}
+    for pair in text.split(","):
+        kind, _, percent = pair.partition("=")
+        if kind not in NEEDED or kind == "ok" or not percent.isdigit():
+            raise argparse.ArgumentTypeError(f"{pair!r}: write KIND=PERCENT, KIND one of {' '.join(list(NEEDED)[1:])}")
+        mix[kind] = int(percent)
+    if sum(mix.values()) > 100:
+        raise argparse.ArgumentTypeError("the percents add up to more than 100")
+    return mix
 
 
 if __name__ == "__main__":
