@@ -75,6 +75,7 @@ from typing import Callable, Iterable, Optional
 from urllib.parse import quote, quote_plus, urlsplit, urlunsplit
 
 import requests
+import urllib3
 from requests.adapters import HTTPAdapter
 
 __version__ = "0.1.0"
@@ -137,6 +138,13 @@ READ_CHUNK = 65536
 
 #: Hosts each worker keeps a keep-alive connection to.
 POOLED_HOSTS = 16
+
+#: The reasons connection_reason gives a request that never reached its host.
+UNREACHED_REASONS = frozenset({"connection refused", "host name not found"})
+
+#: Requests in a row that never reach the API's host (refused, name not
+#: found, connect timeout) before redrive takes the host as down.
+DOWN_AFTER = 5
 STATE_FILES = ("results.jsonl", "done.txt", "failed.jsonl", "unavailable.jsonl")
 
 
@@ -145,6 +153,7 @@ class ExitCode(IntEnum):
     INCOMPLETE = 1  #: some ids still pending or failed; rerun to continue
     USAGE = 2  #: bad command line, input file or state
     FATAL = 3  #: halted by a fatal response (401, 402, --fatal)
+    UNREACHABLE = 69  #: the API's host stayed unreachable; its ids are left pending (EX_UNAVAILABLE)
     LOCKED = 75  #: another run holds the state dir (EX_TEMPFAIL)
     INTERRUPTED = 130  #: Ctrl+C
     TERMINATED = 143  #: SIGTERM
@@ -235,6 +244,7 @@ class Outcome:
     final_url: Optional[str] = None
     retry_after: Optional[float] = None
     excerpt: str = ""
+    unreached: bool = False  #: the request never reached the host: see never_connected
 
 
 @dataclass
@@ -288,6 +298,23 @@ def classify_exception(exc: Exception, timeout: float) -> tuple:
                         requests.exceptions.ContentDecodingError)):
         return Bucket.RETRYABLE, connection_reason(exc)
     return Bucket.SKIP, f"request not sendable ({type(exc).__name__})"
+
+
+def never_connected(exc: Exception) -> bool:
+    """True when the request never reached the server: the host name did
+    not resolve, the connection was refused, or connecting timed out.
+
+    Such a failure is about the host, not the id (nothing was sent), so
+    when it repeats the host is down and trying more ids only burns their
+    tries: see Host.unreachable.
+    """
+    if isinstance(exc, requests.exceptions.ConnectTimeout):
+        return True
+    if not isinstance(exc, requests.exceptions.ConnectionError) or isinstance(exc, requests.exceptions.SSLError):
+        return False
+    cause = exc.args[0] if exc.args else None
+    cause = getattr(cause, "reason", cause)  # urllib3's MaxRetryError carries the cause
+    return isinstance(cause, urllib3.exceptions.ConnectTimeoutError)  # NewConnectionError is one too
 
 
 def connection_reason(exc: Exception) -> str:
@@ -365,6 +392,9 @@ def recommend(bucket: Bucket, status: Optional[int], reason: str, passes: int, m
     if status is not None and 200 <= status < 300:
         return f"still {reason} {after}: look at one response (a login wall, an error page?), " \
                "then rerun with --retry-unavailable"
+    if reason in UNREACHED_REASONS:
+        return f"host not reachable ({reason}) {after}: check the URL's host, " \
+               "or rerun with --retry-unavailable once it is back"
     shown = status if status is not None else reason
     return f"still {shown} {after}: check {item} upstream, or rerun with --retry-unavailable"
 
@@ -473,6 +503,10 @@ class Host:
     (any but a throttle) the host gave per second over the last second it
     was open (not paused), and the concurrency to half. Each success adds RATE_GROWTH req/s to the rate
     (5 percent a second at any pace) and 1 / limit to the concurrency.
+
+    A host that DOWN_AFTER requests in a row never reached is down: it lets
+    one probe at a time through, each after a longer pause, until any answer
+    comes back (see unreachable).
     """
 
     limit: float  #: concurrency ceiling, between 1 and --concurrency
@@ -485,6 +519,11 @@ class Host:
     cut_at: float = float("-inf")
     first_answer: float = float("inf")
     recent: deque = field(default_factory=deque)  #: (time, kind) of the last second's answers
+    unreached: int = 0  #: requests in a row that never reached the host
+    down_since: Optional[float] = None  #: when it was taken as down
+    probes: int = 0  #: probes that failed since then
+    probing: bool = False  #: the one request let through while down is out
+    limit_up: float = 1.0  #: the concurrency limit to return to once it answers
 
     def opens_at(self, now: float) -> Optional[float]:
         """When the gate lets the next request through: now, later, or None (full)."""
@@ -494,6 +533,7 @@ class Host:
 
     def start(self, now: float) -> None:
         self.inflight += 1
+        self.probing = self.down_since is not None
         if self.rate:
             self.next_slot = max(self.next_slot, now) + 1.0 / self.rate
 
@@ -504,6 +544,32 @@ class Host:
         self.recent.append((now, kind))
         while self.recent[0][0] < now - 1.0:
             self.recent.popleft()
+
+    def reached(self) -> None:
+        """Any answer, even an error, or a failure after connecting: the host is there."""
+        self.unreached = 0
+        if self.down_since is not None:
+            self.down_since, self.probes, self.probing = None, 0, False
+            self.limit, self.paused_until = self.limit_up, 0.0
+
+    def unreachable(self, now: float, wait: Callable[[int], float]) -> bool:
+        """A request that never reached the host; True when the host is down.
+
+        The DOWN_AFTER-th in a row takes it down: concurrency 1, paused for
+        wait(1). Requests already in flight then fail too, but only the one
+        let through after the pause is a probe: when it fails, the pause
+        before the next is wait(failed probes + 1).
+        """
+        self.inflight -= 1
+        self.unreached += 1
+        if self.down_since is None and self.unreached >= DOWN_AFTER:
+            self.down_since, self.limit_up, self.limit = now, self.limit, 1.0
+            self.paused_until = max(self.paused_until, now + wait(1))
+        elif self.probing:
+            self.probing = False
+            self.probes += 1
+            self.paused_until = max(self.paused_until, now + wait(self.probes + 1))
+        return self.down_since is not None
 
     def succeeded(self, now: float, ceiling: int) -> None:
         self.answered(now, "ok")
@@ -530,6 +596,16 @@ class Host:
             self.rate = max(MIN_RATE, CUT_FACTOR * min(self.rate or accepted, accepted))
         elif self.rate:
             self.rate = max(MIN_RATE, self.rate / 2)
+
+
+def shown_host(url: str) -> str:
+    """host[:port] of a URL, without any user:password@ part."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return f"{parts.hostname or ''}{f':{port}' if port else ''}"
 
 
 def host_of(template: str, item_id: str) -> str:
@@ -1047,7 +1123,7 @@ def fetch(session: GuardedSession, item_id: str, cfg: Config, redact: Redactor,
             raw = read_body(resp, cfg.max_bytes if wanted else ERROR_BODY_BYTES, deadline)
     except (requests.RequestException, AttemptTimeout) as exc:
         bucket, reason = classify_exception(exc, cfg.timeout)
-        return Outcome(bucket, error=reason)
+        return Outcome(bucket, error=reason, unreached=never_connected(exc))
     if raw is None and bucket is Bucket.OK:
         return Outcome(Bucket.SKIP, resp.status_code, f"body over {cfg.max_bytes} bytes")
     return interpret(resp, raw or b"", bucket, cfg, redact, now())
@@ -1135,8 +1211,9 @@ class Tally:
     per_pass: dict = field(default_factory=dict)  #: pass -> Counter of results
     fatal: Optional[Outcome] = None
     fatal_id: str = ""
-    stop: str = ""  #: "", "fatal", "interrupted", "terminated", "time"
+    stop: str = ""  #: "", "fatal", "interrupted", "terminated", "time", "unreachable"
     abandoned: int = 0
+    down: Optional[dict] = None  #: the API's host went down: host, reason, since, probes
 
     def count(self, pass_no: int, what: str) -> None:
         self.per_pass.setdefault(pass_no, Counter())[what] += 1
@@ -1156,6 +1233,7 @@ class Batch:
         self.next_slot = 0.0  #: --rate: when the next request may start
         self.fixed_host = None if "{id}" in urlsplit(cfg.url).netloc or cfg.url == "{id}" else \
             host_of(cfg.url, "")
+        self.api = shown_host(cfg.url)  #: the fixed host, as messages name it
         self.jobs = queue.SimpleQueue()  #: ids for idle workers, None to end
         self.wakeups = queue.SimpleQueue()  #: for the main thread; put() is safe in a signal handler
         self.lock = threading.Lock()  #: guards the schedule, the tallies and the ledger
@@ -1340,15 +1418,24 @@ class Batch:
         if self.closed:
             return None
         self.inflight -= 1
-        self.observe(item, outcome)
-        self.settle(item, outcome)
+        if self.observe(item, outcome):
+            self.schedule(item, self.fx.clock())  # its host is down: this try does not count
+        else:
+            self.settle(item, outcome)
         return self._take_ready()
 
     # -- settling outcomes
 
-    def observe(self, item: Item, out: Outcome) -> None:
-        """What an answer says about its host: doing fine, or slow down."""
+    def observe(self, item: Item, out: Outcome) -> bool:
+        """What an outcome says about its host: doing fine, slow down, or down.
+        True when the attempt does not count against the id: the host is down."""
         host, now = self.hosts[item.host], self.fx.clock()
+        if out.unreached and self.fixed_host:
+            return self._unreachable(host, out, now)
+        if host.down_since is not None:
+            self.progress.say(f"redrive: {self.api} answers again; resuming")
+            self.tally.down = None
+        host.reached()
         if out.bucket is Bucket.OK:
             host.succeeded(now, self.cfg.concurrency)
         elif out.status in THROTTLE_STATUSES:
@@ -1356,6 +1443,25 @@ class Batch:
             host.throttled(now, wait)
         else:
             host.answered(now, "other")
+        return False
+
+    def _unreachable(self, host: Host, out: Outcome, now: float) -> bool:
+        """When every id goes to one host, that host being unreachable means the
+        API is down, not the ids: wait for it, and stop if it does not come back."""
+        was_down = host.down_since is not None
+        down = host.unreachable(now, self._probe_wait)
+        if down and not was_down:
+            self.tally.down = {"host": self.api, "reason": out.error, "since": iso(self.fx.wallclock()), "probes": 0}
+            self.progress.say(f"redrive: {self.api} is unreachable ({out.error}); waiting for it, "
+                              f"{self.cfg.tries * self.cfg.passes} probes at most")
+        if down:
+            self.tally.down["probes"] = host.probes
+        if host.probes >= self.cfg.tries * self.cfg.passes:
+            self.request_stop("unreachable")
+        return down
+
+    def _probe_wait(self, probe: int) -> float:
+        return backoff_delay(probe, self.cfg.backoff, self.cfg.max_backoff, self.fx.rand)
 
     def settle(self, item: Item, out: Outcome) -> None:
         """Record what one attempt means for its id."""
@@ -1528,6 +1634,7 @@ PENDING_REASONS = {  #: why an id is still pending, by how the run ended
     "interrupted": ("run interrupted", "rerun to resume"),
     "terminated": ("run terminated", "rerun to resume"),
     "fatal": ("run halted by a fatal response", "fix the key or the account, then rerun to resume"),
+    "unreachable": ("the API's host stayed unreachable", "rerun the same command once it is back"),
 }
 
 
@@ -1572,7 +1679,7 @@ def build_report(ids: list, duplicates: int, state: State, tally: Tally, cfg: Co
         "redrive": __version__, "ids_file": str(cfg.ids_file), "state_dir": str(cfg.state_dir),
         "url": redact(redact_url(cfg.url)), "finished_at": iso(time.time()),
         "exit_code": None, "stop": tally.stop or None, "elapsed_s": round(elapsed, 3),
-        "requests": tally.requests, "passes": cfg.passes,
+        "requests": tally.requests, "passes": cfg.passes, "unreachable": tally.down,
         "counts": {"input": len(ids), "duplicates": duplicates, "done": len(ids) - len(rows),
                    "unavailable": counts["unavailable"], "failed": counts["failed"], "pending": counts["pending"]},
         "per_pass": {str(p): dict(c) for p, c in sorted(tally.per_pass.items())},
@@ -1605,7 +1712,8 @@ def summarize(report: dict) -> list:
 
 
 def exit_code(report: dict) -> ExitCode:
-    stops = {"fatal": ExitCode.FATAL, "interrupted": ExitCode.INTERRUPTED, "terminated": ExitCode.TERMINATED}
+    stops = {"fatal": ExitCode.FATAL, "interrupted": ExitCode.INTERRUPTED, "terminated": ExitCode.TERMINATED,
+             "unreachable": ExitCode.UNREACHABLE}
     if report["stop"] in stops:
         return stops[report["stop"]]
     unsettled = report["counts"]["failed"] + report["counts"]["pending"]
@@ -1625,6 +1733,11 @@ def stop_lines(tally: Tally, cfg: Config, redact: Redactor) -> list:
                 "rerun the same command to resume"]
     if tally.stop == "time":
         return [f"redrive: --max-time {cfg.max_time:g} s reached; rerun the same command to resume"]
+    if tally.stop == "unreachable":
+        down = tally.down
+        return [f"redrive: stopped: {down['host']} unreachable ({down['reason']}) since {down['since']}, "
+                f"{down['probes']} probes failed",
+                "  nothing was marked failed; rerun the same command once it is back"]
     return []
 
 

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -106,8 +107,8 @@ class QuietServer(ThreadingHTTPServer):
         pass  # a client killed mid-request is what some tests do on purpose
 
 
-def start_server():
-    server = QuietServer(("127.0.0.1", 0), Handler)
+def start_server(port=0):
+    server = QuietServer(("127.0.0.1", port), Handler)
     server.daemon_threads = True
     server.replies, server.hits, server.paths, server.seen_headers = {}, Counter(), [], []
     server.bodies, server.inflight, server.max_inflight = [], 0, 0
@@ -482,6 +483,80 @@ def test_connection_refused_is_retryable_then_unavailable(tmp_path):
     assert code == ExitCode.OK
     assert [f["error"] for f in state(tmp_path, "failed.jsonl")] == ["connection refused"] * 2
     assert state(tmp_path, "unavailable.jsonl")[0]["status"] is None
+
+
+def closed_port():
+    """A local port nothing listens on: connecting to it is refused."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_an_unreachable_api_stops_the_run_with_69_and_marks_nothing(tmp_path):
+    ids = write_ids(tmp_path, [f"n{i}" for i in range(20)])
+    url = f"http://127.0.0.1:{closed_port()}/items/{{id}}"
+    code, err, fake = run_cli([ids, "--url", url, "--concurrency", "1", "--tries", "2", "--passes", "2"])
+    assert code == ExitCode.UNREACHABLE == 69
+    assert fake.sleeps == [0.75, 1.5, 3.0, 6.0]  # 4 probes (tries x passes), backing off
+    report = json.loads((tmp_path / "ids.redrive" / "report.json").read_text())
+    assert report["requests"] == redrive.DOWN_AFTER + 4
+    assert report["counts"]["pending"] == 20 and report["unreachable"]["reason"] == "connection refused"
+    assert state(tmp_path, "failed.jsonl") == [] and state(tmp_path, "unavailable.jsonl") == []
+    assert "unreachable (connection refused)" in err and "nothing was marked failed" in err
+
+
+class ServerComesBack(FakeTime):
+    """Fake time; the server starts listening on `port` at the n-th sleep."""
+
+    def __init__(self, port, at_sleep):
+        super().__init__()
+        self.port, self.at_sleep, self.server = port, at_sleep, None
+
+    def sleep(self, seconds):
+        super().sleep(seconds)
+        if len(self.sleeps) == self.at_sleep:
+            self.server, self.thread = start_server(self.port)
+
+
+def test_an_api_that_comes_back_resumes_the_run_and_no_try_was_spent(tmp_path):
+    port = closed_port()
+    ids = write_ids(tmp_path, [f"n{i}" for i in range(12)])
+    fake = ServerComesBack(port, at_sleep=2)
+    try:
+        code, err, _ = run_cli([ids, "--url", f"http://127.0.0.1:{port}/items/{{id}}", "--concurrency", "1",
+                                "--tries", "2"], fake=fake)
+        assert code == ExitCode.OK, err
+        assert fake.sleeps == [0.75, 1.5]
+        assert "answers again" in err
+        assert sorted(state(tmp_path, "done.txt")) == sorted(f"n{i}" for i in range(12))
+        assert state(tmp_path, "failed.jsonl") == []  # 5 ids failed once before the host was down: no try spent
+        assert set(fake.server.hits.values()) == {1}
+    finally:
+        fake.server.shutdown()
+        fake.server.server_close()
+        fake.thread.join()
+
+
+def test_unreachable_hosts_of_url_ids_are_that_urls_problem(tmp_path):
+    dead = f"http://127.0.0.1:{closed_port()}"
+    ids = write_ids(tmp_path, [f"{dead}/items/{i}" for i in range(8)])
+    code, err, _ = run_cli([ids, "--tries", "1", "--passes", "1"])
+    assert code == ExitCode.OK
+    assert len(state(tmp_path, "unavailable.jsonl")) == 8
+    assert "host not reachable (connection refused)" in err
+
+
+def test_never_connected_tells_a_dead_host_from_a_failing_answer(server):
+    import requests
+    server.replies["d"] = ["drop"]
+    server.replies["s"] = [("sleep", 0.5, 200)]
+    failures = {}
+    for name, url in [("refused", f"http://127.0.0.1:{closed_port()}/"), ("dropped", server.base + "/items/d"),
+                      ("read timeout", server.base + "/items/s")]:
+        with pytest.raises(requests.RequestException) as caught:
+            requests.get(url, timeout=0.2)
+        failures[name] = redrive.never_connected(caught.value)
+    assert failures == {"refused": True, "dropped": False, "read timeout": False}
 
 
 def test_timeout_is_retryable_and_named(server, tmp_path):
@@ -1317,6 +1392,27 @@ def test_many_throttles_without_retry_after_slow_the_host():
         host.start(0.5)
         host.throttled(0.5 + n / 100, wait=None)
     assert host.limit == 4.0 and host.rate is not None and host.paused_until == 0.0
+
+
+def test_a_host_is_down_after_requests_in_a_row_never_reach_it_and_probed_one_at_a_time():
+    host = redrive.Host(limit=8.0, cap=8)
+    waits = lambda n: 10.0 * n  # noqa: E731
+    for _ in range(8):
+        host.start(0.0)
+    downs = [host.unreachable(1.0, waits) for _ in range(redrive.DOWN_AFTER)]
+    assert downs == [False] * (redrive.DOWN_AFTER - 1) + [True]
+    assert host.limit == 1.0 and host.paused_until == 11.0
+    for _ in range(8 - redrive.DOWN_AFTER):  # requests already in flight fail too: not probes
+        assert host.unreachable(2.0, waits)
+    assert host.probes == 0 and host.inflight == 0
+    assert host.opens_at(5.0) == 11.0
+    host.start(11.0)
+    assert host.opens_at(11.0) is None  # one probe at a time
+    assert host.unreachable(12.0, waits) and host.probes == 1 and host.paused_until == 32.0
+    host.start(32.0)
+    host.reached()
+    host.answered(33.0, "other")
+    assert host.down_since is None and host.probes == 0 and host.limit == 8.0 and host.opens_at(33.0) == 33.0
 
 
 def test_paced_host_spaces_its_requests():
