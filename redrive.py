@@ -37,9 +37,14 @@ the four ledgers append-only, one record per line, flushed as written:
 Rerun the same command after Ctrl+C, a kill or a reboot to resume; plain
 `python redrive.py IDS_FILE` reuses the request recorded in run.json.
 
+When every id goes to one host and it stops answering (refused, no such
+name, connect timeout), redrive probes it with backoff, spends no tries, and
+resumes when it answers, or stops after --tries x --passes probes: exit 69.
+
 Exit codes: 0 every id settled, 1 some ids pending or failed, 2 usage or
-input error, 3 halted by a fatal response, 75 another run holds the state
-dir, 130 interrupted (Ctrl+C), 143 terminated (SIGTERM).
+input error, 3 halted by a fatal response, 69 the API's host stayed
+unreachable, 75 another run holds the state dir, 130 interrupted (Ctrl+C),
+143 terminated (SIGTERM).
 """
 
 from __future__ import annotations
