@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -107,15 +108,18 @@ class QuietServer(ThreadingHTTPServer):
         pass  # a client killed mid-request is what some tests do on purpose
 
 
-def start_server(port=0):
+def start_server(port=0, tls=None):
+    """A scripted server on 127.0.0.1; with tls (an ssl.SSLContext) it speaks https."""
     server = QuietServer(("127.0.0.1", port), Handler)
+    if tls:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
     server.daemon_threads = True
     server.replies, server.hits, server.paths, server.seen_headers = {}, Counter(), [], []
     server.bodies, server.inflight, server.max_inflight = [], 0, 0
     server.lock = threading.Lock()
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
-    server.base = f"http://127.0.0.1:{server.server_address[1]}"
+    server.base = f"{'https' if tls else 'http'}://127.0.0.1:{server.server_address[1]}"
     server.template = server.base + "/items/{id}"
     return server, thread
 
@@ -557,6 +561,39 @@ def test_never_connected_tells_a_dead_host_from_a_failing_answer(server):
             requests.get(url, timeout=0.2)
         failures[name] = redrive.never_connected(caught.value)
     assert failures == {"refused": True, "dropped": False, "read timeout": False}
+
+
+@pytest.fixture
+def tls_server(tmp_path):
+    """An https server whose certificate comes from a throwaway CA; .ca_file is that CA."""
+    import trustme
+    ca = trustme.CA()
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ca.issue_cert("127.0.0.1").configure_cert(context)
+    srv, thread = start_server(tls=context)
+    srv.ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(srv.ca_file))
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+    thread.join()
+
+
+def test_https_with_the_ca_bundle_named_in_the_environment(tls_server, tmp_path, monkeypatch):
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tls_server.ca_file))
+    code, err, _ = crawl(tls_server, tmp_path, ["a", "b"])
+    assert code == ExitCode.OK, err
+    assert state(tmp_path, "done.txt") == ["a", "b"] and tls_server.hits == Counter({"a": 1, "b": 1})
+
+
+def test_an_untrusted_certificate_is_a_tls_error_and_never_retried(tls_server, tmp_path, monkeypatch):
+    monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
+    monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
+    code, err, fake = crawl(tls_server, tmp_path, ["a"])
+    assert code == ExitCode.OK
+    [record] = state(tmp_path, "unavailable.jsonl")
+    assert record["reason"] == "TLS error (certificate or handshake)" and record["tries"] == 1
+    assert fake.sleeps == [] and not tls_server.hits  # no request ever got through
 
 
 def test_timeout_is_retryable_and_named(server, tmp_path):
