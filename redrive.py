@@ -144,6 +144,9 @@ READ_CHUNK = 65536
 #: Hosts each worker keeps a keep-alive connection to.
 POOLED_HOSTS = 16
 
+#: Hosts whose proxy and .netrc settings are remembered (see HostSettings).
+REMEMBERED_HOSTS = 1024
+
 #: The reasons connection_reason gives a request that never reached its host.
 UNREACHED_REASONS = frozenset({"connection refused", "host name not found"})
 
@@ -549,6 +552,11 @@ class Host:
         self.recent.append((now, kind))
         while self.recent[0][0] < now - 1.0:
             self.recent.popleft()
+
+    def forgettable(self, now: float, ceiling: int) -> bool:
+        """Idle and as a new host would be: nothing is lost by dropping it."""
+        return not (self.ready or self.inflight or self.rate or self.unreached) and \
+            self.limit >= ceiling and self.paused_until <= now
 
     def reached(self) -> None:
         """Any answer, even an error, or a failure after connecting: the host is there."""
@@ -1020,6 +1028,29 @@ class AttemptTimeout(Exception):
     """The whole attempt ran past --timeout (a server dripping its body)."""
 
 
+class HostSettings:
+    """(proxies, .netrc auth) by origin, read from the environment once per
+    host and shared by every worker.
+
+    Bounded: past REMEMBERED_HOSTS origins it starts over, so a list of URLs
+    on a million hosts does not keep a million entries (per worker, as a
+    memo in each session would). Dict reads and writes are atomic, so there
+    is no lock; two workers may read one new host's settings twice, no harm.
+    """
+
+    def __init__(self, size: int = REMEMBERED_HOSTS):
+        self.memo, self.size = {}, size
+
+    def __call__(self, url: str, origin: tuple) -> tuple:
+        found = self.memo.get(origin)
+        if found is None:
+            found = (requests.utils.get_environ_proxies(url), requests.utils.get_netrc_auth(url))
+            if len(self.memo) >= self.size:
+                self.memo.clear()
+            self.memo[origin] = found
+        return found
+
+
 class GuardedSession(requests.Session):
     """A Session that never carries the user's headers to another origin, and
     reads the environment (proxies, CA bundle, .netrc) once per host.
@@ -1032,20 +1063,14 @@ class GuardedSession(requests.Session):
     open() sends a request the short way, see there.
     """
 
-    def __init__(self, guarded: frozenset):
+    def __init__(self, guarded: frozenset, settings: HostSettings):
         super().__init__()
-        self.trust_env = False  # the environment is read here, once per host
+        self.trust_env = False  # the environment is read by HostSettings, once per host
         self.guarded = guarded
         self.origin = None
-        self.by_host = {}
+        self.environment = settings
         bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
         self.verify = bundle or True
-
-    def environment(self, url: str, key: tuple) -> tuple:
-        """(proxies, netrc auth) for url's origin (key), looked up once."""
-        if key not in self.by_host:
-            self.by_host[key] = (requests.utils.get_environ_proxies(url), requests.utils.get_netrc_auth(url))
-        return self.by_host[key]
 
     def open(self, method: str, url: str, body: Optional[bytes], timeout: float, proxies: dict,
              auth) -> requests.Response:
@@ -1099,10 +1124,10 @@ def origin_of(url: str) -> tuple:
     return parts.scheme, parts.hostname, parts.port or default
 
 
-def make_session(cfg: Config) -> GuardedSession:
+def make_session(cfg: Config, settings: HostSettings) -> GuardedSession:
     """One worker's session: a keep-alive connection per host (a worker sends
     one request at a time), redrive's headers, urllib3's own retries off."""
-    session = GuardedSession(cfg.header_names)
+    session = GuardedSession(cfg.header_names, settings)
     adapter = HTTPAdapter(pool_connections=POOLED_HOSTS, pool_maxsize=1, max_retries=0)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
@@ -1235,6 +1260,7 @@ class Batch:
         self.counts = Counter()  #: done, unavailable, awaiting (a later pass): for the progress line
         self.heap, self.seq = [], itertools.count()  #: items waiting for their time
         self.hosts, self.active = {}, deque()  #: Host by name; hosts with ready items, round robin
+        self.host_settings = HostSettings()
         self.next_slot = 0.0  #: --rate: when the next request may start
         self.fixed_host = None if "{id}" in urlsplit(cfg.url).netloc or cfg.url == "{id}" else \
             host_of(cfg.url, "")
@@ -1408,7 +1434,7 @@ class Batch:
             self.wakeups.put(WAKE)
 
     def _work_loop(self) -> None:
-        session = make_session(self.cfg)
+        session = make_session(self.cfg, self.host_settings)
         item = self.jobs.get()
         while item is not None:
             outcome = fetch(session, item.id, self.cfg, self.redact, self.fx.wallclock)
@@ -1427,6 +1453,8 @@ class Batch:
             self.schedule(item, self.fx.clock())  # its host is down: this try does not count
         else:
             self.settle(item, outcome)
+        if self.hosts[item.host].forgettable(self.fx.clock(), self.cfg.concurrency):
+            del self.hosts[item.host]  # ids on a million hosts keep no million gates
         return self._take_ready()
 
     # -- settling outcomes

@@ -1452,6 +1452,48 @@ def test_a_host_is_down_after_requests_in_a_row_never_reach_it_and_probed_one_at
     assert host.down_since is None and host.probes == 0 and host.limit == 8.0 and host.opens_at(33.0) == 33.0
 
 
+def test_host_settings_are_read_once_per_host_and_stay_bounded(monkeypatch):
+    monkeypatch.setenv("http_proxy", "http://proxy.invalid:3128")
+    monkeypatch.setenv("no_proxy", "skip.example")
+    settings = redrive.HostSettings(size=3)
+    origin = redrive.origin_of("http://a.example/x")
+    assert settings("http://a.example/x", origin)[0]["http"] == "http://proxy.invalid:3128"
+    assert settings("http://a.example/y", origin) is settings.memo[origin]  # read once
+    assert "http" not in settings("http://skip.example/", redrive.origin_of("http://skip.example/"))[0]
+    for n in range(10):
+        url = f"http://h{n}.example/"
+        settings(url, redrive.origin_of(url))
+        assert len(settings.memo) <= 3
+
+
+def run_batch(tmp_path, ids, *extra):
+    """A Batch run in-process, as run() does it, to look at its hosts afterwards."""
+    ids_file = write_ids(tmp_path, ids)
+    cfg = redrive.config_from_args(redrive.build_parser().parse_args([str(ids_file), *extra]), {}, None)
+    fake = FakeTime()
+    cfg.state_dir.mkdir()
+    state = redrive.load_state(cfg.state_dir)
+    ledger = redrive.Ledger(cfg.state_dir)
+    ledger.open()
+    progress = redrive.Progress(io.StringIO(), len(ids), fake.clock, True)
+    batch = redrive.Batch(cfg, ledger, state, fake.effects(), redrive.Redactor(()), progress)
+    redrive.plan(ids, state, cfg, batch, ledger, fake.effects())
+    try:
+        batch.run()
+    finally:
+        ledger.close()
+    return batch
+
+
+def test_idle_hosts_are_forgotten_and_throttled_ones_kept(server, tmp_path):
+    port = server.server_address[1]
+    server.replies["t"] = [(429, b"", {"Retry-After": "1"}), 200]
+    ids = [f"http://127.0.0.1:{port}/items/a", f"http://127.0.0.1:{port}/items/b", f"http://localhost:{port}/items/t"]
+    batch = run_batch(tmp_path, ids)
+    assert server.hits == Counter({"a": 1, "b": 1, "t": 2})
+    assert list(batch.hosts) == [f"localhost:{port}"]  # the 127.0.0.1 gate was as new: gone
+
+
 def test_paced_host_spaces_its_requests():
     host = redrive.Host(limit=4.0, cap=4, rate=2.0)
     host.start(10.0)
