@@ -1764,12 +1764,12 @@ def stop_lines(tally: Tally, cfg: Config, redact: Redactor) -> list:
     if tally.stop in ("interrupted", "terminated"):
         return [f"redrive: {tally.stop}; {tally.abandoned} request(s) still in flight were left pending; "
                 "rerun the same command to resume"]
+    down = tally.down and f"{tally.down['host']} unreachable ({tally.down['reason']}) since {tally.down['since']}"
     if tally.stop == "time":
-        return [f"redrive: --max-time {cfg.max_time:g} s reached; rerun the same command to resume"]
+        return [f"redrive: --max-time {cfg.max_time:g} s reached; rerun the same command to resume"] + \
+            ([f"  {down}, {tally.down['probes']} probes failed so far"] if down else [])
     if tally.stop == "unreachable":
-        down = tally.down
-        return [f"redrive: stopped: {down['host']} unreachable ({down['reason']}) since {down['since']}, "
-                f"{down['probes']} probes failed",
+        return [f"redrive: stopped: {down}, {tally.down['probes']} probes failed",
                 "  nothing was marked failed; rerun the same command once it is back"]
     return []
 

@@ -509,6 +509,15 @@ def test_an_unreachable_api_stops_the_run_with_69_and_marks_nothing(tmp_path):
     assert "unreachable (connection refused)" in err and "nothing was marked failed" in err
 
 
+def test_max_time_while_the_api_is_down_says_so(tmp_path):
+    ids = write_ids(tmp_path, [f"n{i}" for i in range(8)])
+    url = f"http://127.0.0.1:{closed_port()}/items/{{id}}"
+    code, err, fake = run_cli([ids, "--url", url, "--concurrency", "1", "--max-time", "3"])
+    assert code == ExitCode.INCOMPLETE
+    assert "--max-time 3 s reached" in err and "unreachable (connection refused) since" in err
+    assert state(tmp_path, "failed.jsonl") == []
+
+
 class ServerComesBack(FakeTime):
     """Fake time; the server starts listening on `port` at the n-th sleep."""
 
