@@ -98,6 +98,10 @@ RETRY_STATUSES = frozenset({408, 429} | (set(range(500, 600)) - {501, 505}))
 #: unknown answer is never retried blindly (fail closed).
 SKIP_STATUSES = frozenset({400, 404, 410})
 
+#: Successes that carry no body by definition (RFC 9110), as does any answer
+#: to HEAD: for them an empty body is the answer, not a failure.
+BODILESS_STATUSES = frozenset({204, 205})
+
 #: Query parameter names whose values are secrets and are shown redacted.
 SECRET_NAME = re.compile(r"key|token|secret|sig|passw|auth|credential|session", re.I)
 
@@ -1193,6 +1197,9 @@ def interpret(resp: requests.Response, raw: bytes, bucket: Bucket, cfg: Config, 
         wait = parse_retry_after(resp.headers.get("Retry-After"), now)
         return Outcome(bucket, status, status_reason(status), retry_after=wait)
     if not raw.strip():
+        bodiless = status in BODILESS_STATUSES or cfg.method == "HEAD"
+        if bodiless and not (cfg.wants_json or cfg.require):
+            return Outcome(Bucket.OK, status, body=None, final_url=final)
         return Outcome(Bucket.RETRYABLE, status, "empty body")
     body, problem = validate(decode(raw, resp), resp.headers.get("Content-Type", ""), cfg)
     if problem:

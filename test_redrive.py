@@ -43,6 +43,9 @@ class Handler(BaseHTTPRequestHandler):
             self.server.bodies.append(body)
         self.do_GET()
 
+    def do_HEAD(self):
+        self.do_GET()
+
     def do_GET(self):
         server = self.server
         path = self.path.split("?", 1)[0]
@@ -82,7 +85,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        if self.command != "HEAD":
+            self.wfile.write(body)
 
     def drip(self, size, interval):
         """A 200 whose body arrives one byte at a time."""
@@ -472,6 +476,22 @@ def test_empty_and_invalid_json_bodies_are_retried(server, tmp_path):
     assert server.hits["e"] == 3 and server.hits["j"] == 2
     server.replies["z"] = [(200, b"", {})]
     crawl(server, tmp_path, ["z"], "--tries", "1", "--passes", "1")
+    assert state(tmp_path, "unavailable.jsonl")[0]["reason"] == "empty body"
+
+
+def test_204_and_head_answers_are_done_with_no_body(server, tmp_path):
+    server.replies["n"] = [(204, b"", {})]
+    code, err, _ = crawl(server, tmp_path, ["n"], "--method", "POST")
+    assert code == ExitCode.OK, err
+    assert [(r["id"], r["status"], r["body"]) for r in state(tmp_path, "results.jsonl")] == [("n", 204, None)]
+    code, err, _ = crawl(server, tmp_path, ["h"], "--method", "HEAD", "--allow-config-change")
+    assert code == ExitCode.OK, err
+    assert state(tmp_path, "results.jsonl")[-1]["body"] is None and server.hits["h"] == 1
+
+
+def test_an_empty_204_still_fails_a_body_check(server, tmp_path):
+    server.replies["n"] = [(204, b"", {})]
+    code, _, _ = crawl(server, tmp_path, ["n"], "--require-field", "id", "--tries", "1", "--passes", "1")
     assert state(tmp_path, "unavailable.jsonl")[0]["reason"] == "empty body"
 
 
