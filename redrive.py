@@ -128,6 +128,17 @@ CUT_FACTOR = 0.9
 RATE_GROWTH = 0.05
 MIN_RATE = 0.5
 
+#: Near the pace the host accepted at its last cut (up to NEAR_FACTOR times
+#: it) the rate grows ten times slower: the limit is approached once and
+#: probed gently, not hit again every two seconds. Past that without a
+#: throttle, the limit has moved: full speed again.
+NEAR_FACTOR = 1.1
+
+#: Requests a new host gets in flight at first; each success adds one
+#: (doubling every round trip) until its first throttle, so a low rate limit
+#: is found with a handful of 429s, not --concurrency of them.
+START_LIMIT = 4
+
 #: Statuses that say "too fast" for the whole host, not just for one id;
 #: without a Retry-After they count only when they are this share of answers.
 THROTTLE_STATUSES = frozenset({429, 503})
@@ -513,8 +524,13 @@ class Host:
     THROTTLE_SAMPLE or more answers (one 503 among hundreds of 200s is that
     item's problem). The cut: the rate falls to CUT_FACTOR of the answers
     (any but a throttle) the host gave per second over the last second it
-    was open (not paused), and the concurrency to half. Each success adds RATE_GROWTH req/s to the rate
-    (5 percent a second at any pace) and 1 / limit to the concurrency.
+    was open (not paused), and the concurrency to half. Each success adds
+    RATE_GROWTH req/s to the rate (5 percent a second at any pace; a tenth
+    of that near the pace accepted at the last cut) and 1 / limit to the
+    concurrency; a success here is any answer but a throttle (a 404 or a 500
+    says nothing about pace). Until its first cut a host is in slow start:
+    it begins at START_LIMIT requests in flight and each success adds a
+    whole one.
 
     A host that DOWN_AFTER requests in a row never reached is down: it lets
     one probe at a time through, each after a longer pause, until any answer
@@ -527,6 +543,8 @@ class Host:
     inflight: int = 0
     paused_until: float = 0.0
     rate: Optional[float] = None  #: req/s ceiling, once the host has throttled
+    accepted: Optional[float] = None  #: answers per second the host gave at the last cut
+    slow_start: bool = False  #: no cut yet: the limit grows by one a success
     next_slot: float = 0.0
     cut_at: float = float("-inf")
     first_answer: float = float("inf")
@@ -560,7 +578,7 @@ class Host:
     def forgettable(self, now: float, ceiling: int) -> bool:
         """Idle and as a new host would be: nothing is lost by dropping it."""
         return not (self.ready or self.inflight or self.rate or self.unreached) and \
-            self.limit >= ceiling and self.paused_until <= now
+            (self.slow_start or self.limit >= ceiling) and self.paused_until <= now
 
     def reached(self) -> None:
         """Any answer, even an error, or a failure after connecting: the host is there."""
@@ -589,10 +607,12 @@ class Host:
         return self.down_since is not None
 
     def succeeded(self, now: float, ceiling: int) -> None:
+        """Any answer but a throttle: the host keeps up, so the pace may grow."""
         self.answered(now, "ok")
-        self.limit = min(ceiling, self.limit + 1.0 / self.limit)
+        self.limit = min(ceiling, self.limit + (1.0 if self.slow_start else 1.0 / self.limit))
         if self.rate:
-            self.rate += RATE_GROWTH
+            near = self.accepted and self.accepted <= self.rate <= NEAR_FACTOR * self.accepted
+            self.rate += RATE_GROWTH / 10 if near else RATE_GROWTH
 
     def throttled(self, now: float, wait: Optional[float]) -> None:
         """A 429 or 503: pause for its Retry-After; slow down if it is a clear signal."""
@@ -604,13 +624,17 @@ class Host:
         many = len(self.recent) >= THROTTLE_SAMPLE and kinds["throttle"] >= THROTTLE_SHARE * len(self.recent)
         if not (wait is not None or many) or pausing or now - self.cut_at < 1.0:
             return  # no signal, or one the pause under way already answers
-        self.cut_at = now
+        self.cut_at, self.slow_start = now, False
         self.limit = max(1.0, self.limit / 2)
         since = max(now - 1.0, self.first_answer, resumed)  # the last second the host was open
         answers = sum(1 for t, kind in self.recent if t >= since and kind != "throttle")
-        accepted = answers / max(0.5, now - since)
+        # a pause that ends within that second marks the end of a quota window: the
+        # answers were the allowance up to then, not just up to now
+        end = self.paused_until if now < self.paused_until <= since + 1.0 else now
+        accepted = answers / max(0.5, end - since)
         if accepted:
             self.rate = max(MIN_RATE, CUT_FACTOR * min(self.rate or accepted, accepted))
+            self.accepted = accepted
         elif self.rate:
             self.rate = max(MIN_RATE, self.rate / 2)
 
@@ -1303,7 +1327,8 @@ class Batch:
         host = self.hosts.get(item.host)
         if host is None:
             cap = self.cfg.per_host or self.cfg.concurrency
-            host = self.hosts[item.host] = Host(limit=float(self.cfg.concurrency), cap=cap)
+            start = float(min(START_LIMIT, self.cfg.concurrency))
+            host = self.hosts[item.host] = Host(limit=start, cap=cap, slow_start=True)
         if not host.ready:
             self.active.append(item.host)
         host.ready.append(item)
@@ -1376,12 +1401,16 @@ class Batch:
             self.request_stop("time")
         if self.tally.stop:
             return bool(self.inflight) and self.fx.clock() < self.stop_at
+        self._hand_out()
+        return True
+
+    def _hand_out(self) -> None:
+        """Give idle workers every id that may start now."""
         while self.inflight < self.cfg.concurrency:
             item = self._take_ready()
             if item is None:
                 break
             self.jobs.put(item)
-        return True
 
     def _timeout(self) -> Optional[float]:
         """How long the main thread may wait before it must look again."""
@@ -1462,7 +1491,10 @@ class Batch:
             self.settle(item, outcome)
         if self.hosts[item.host].forgettable(self.fx.clock(), self.cfg.concurrency):
             del self.hosts[item.host]  # ids on a million hosts keep no million gates
-        return self._take_ready()
+        mine = self._take_ready()
+        if mine is not None:
+            self._hand_out()  # a success may have widened the gate: fill it now, not at the next tick
+        return mine
 
     # -- settling outcomes
 
@@ -1476,13 +1508,13 @@ class Batch:
             self.progress.say(f"redrive: {self.api} answers again; resuming")
             self.tally.down = None
         host.reached()
-        if out.bucket is Bucket.OK:
-            host.succeeded(now, self.cfg.concurrency)
-        elif out.status in THROTTLE_STATUSES:
+        if out.status in THROTTLE_STATUSES:
             wait = None if out.retry_after is None else min(out.retry_after, self.cfg.max_backoff)
             host.throttled(now, wait)
+        elif out.status is not None:
+            host.succeeded(now, self.cfg.concurrency)  # a 404 or a 500 is no "slow down" either
         else:
-            host.answered(now, "other")
+            host.answered(now, "other")  # no answer at all (a timeout, a dropped connection): no growth
         return False
 
     def _unreachable(self, host: Host, out: Outcome, now: float) -> bool:

@@ -58,11 +58,13 @@ class Handler(BaseHTTPRequestHandler):
             step = steps[min(server.hits[item], len(steps)) - 1]
             server.inflight += 1
             server.max_inflight = max(server.max_inflight, server.inflight)
+            server.events.append("start")
         try:
             self.play(step, item)
         finally:
             with server.lock:
                 server.inflight -= 1
+                server.events.append("end")
 
     def play(self, step, item):
         if callable(step):
@@ -119,7 +121,7 @@ def start_server(port=0, tls=None):
         server.socket = tls.wrap_socket(server.socket, server_side=True)
     server.daemon_threads = True
     server.replies, server.hits, server.paths, server.seen_headers = {}, Counter(), [], []
-    server.bodies, server.inflight, server.max_inflight = [], 0, 0
+    server.bodies, server.inflight, server.max_inflight, server.events = [], 0, 0, []
     server.lock = threading.Lock()
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
@@ -411,6 +413,16 @@ def test_rate_spaces_requests_evenly_across_workers(server, tmp_path):
     assert code == ExitCode.OK and fake.sleeps == [0.25] * 4
     fetched = [r["fetched_at"] for r in state(tmp_path, "results.jsonl")]
     assert fetched == [redrive.iso(FakeTime().wallclock() + 0.25 * n) for n in range(5)]
+
+
+def test_a_new_host_gets_a_few_requests_first_then_the_full_concurrency(server, tmp_path):
+    ids = [f"s{n}" for n in range(40)]
+    for item in ids:
+        server.replies[item] = [("sleep", 0.05, 200)]
+    code, _, _ = crawl(server, tmp_path, ids, "--concurrency", "12", fake=FastForward())
+    assert code == ExitCode.OK
+    assert server.events.index("end") == redrive.START_LIMIT  # 4 starts, then the first answer
+    assert server.max_inflight == 12
 
 
 def test_per_host_caps_requests_in_flight_per_host(server, tmp_path):
@@ -1437,6 +1449,42 @@ def test_success_recovers_the_pace_gradually():
         host.succeeded(n + 0.1, 8)
     assert host.rate == pytest.approx(10.0 + 20 * redrive.RATE_GROWTH)
     assert 5 < host.limit <= 8
+
+
+def test_a_new_host_starts_slow_and_doubles_until_its_first_throttle():
+    host = redrive.Host(limit=4.0, cap=32, slow_start=True)
+    for n in range(12):
+        host.start(n / 100)
+        host.succeeded(n / 100 + 0.02, 32)
+    assert host.limit == 16.0  # one more per success: doubling every round trip
+    host.start(0.2)
+    host.throttled(0.21, wait=0.5)
+    assert not host.slow_start and host.limit == 8.0
+    host.start(0.8)
+    host.succeeded(0.81, 32)
+    assert host.limit == 8.125  # after the cut: 1 / limit a success
+
+
+def test_a_pause_inside_the_second_marks_a_quota_window_for_the_cut():
+    host = redrive.Host(limit=8.0, cap=8)
+    host.paused_until, host.cut_at, host.first_answer = 1.0, 0.0, 0.0  # the last window ended at 1.0
+    for n in range(10):  # the whole allowance, 10 answers, in the window's first 0.2 s
+        host.start(1.0 + n / 50)
+        host.succeeded(1.02 + n / 50, 8)
+    host.start(1.2)
+    host.throttled(1.21, wait=0.79)  # "come back at 2.0": the window was [1.0, 2.0)
+    assert host.accepted == pytest.approx(10.0) and host.rate == pytest.approx(9.0)
+
+
+def test_the_rate_grows_slowly_near_the_pace_of_the_last_cut_and_fast_past_it():
+    host = redrive.Host(limit=8.0, cap=8, rate=9.0, accepted=10.0)
+    steps = []
+    for rate in (9.0, 10.5, 11.5):
+        host.rate = rate
+        host.start(5.0)
+        host.succeeded(5.01, 8)
+        steps.append(round(host.rate - rate, 6))
+    assert steps == [redrive.RATE_GROWTH, redrive.RATE_GROWTH / 10, redrive.RATE_GROWTH]
 
 
 def test_a_rare_throttle_without_retry_after_is_that_items_problem():
