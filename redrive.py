@@ -1486,7 +1486,7 @@ class Batch:
             return None
         self.inflight -= 1
         if self.observe(item, outcome):
-            self.schedule(item, self.fx.clock())  # its host is down: this try does not count
+            self.schedule(item, self.fx.clock())  # it never reached the host: no try spent
         else:
             self.settle(item, outcome)
         if self.hosts[item.host].forgettable(self.fx.clock(), self.cfg.concurrency):
@@ -1500,10 +1500,12 @@ class Batch:
 
     def observe(self, item: Item, out: Outcome) -> bool:
         """What an outcome says about its host: doing fine, slow down, or down.
-        True when the attempt does not count against the id: the host is down."""
+        True when the attempt does not count against the id: it never reached
+        the API's one host, so it says nothing about the id."""
         host, now = self.hosts[item.host], self.fx.clock()
         if out.unreached and self.fixed_host:
-            return self._unreachable(host, out, now)
+            self._unreachable(host, out, now)
+            return True
         if host.down_since is not None:
             self.progress.say(f"redrive: {self.api} answers again; resuming")
             self.tally.down = None
@@ -1517,7 +1519,7 @@ class Batch:
             host.answered(now, "other")  # no answer at all (a timeout, a dropped connection): no growth
         return False
 
-    def _unreachable(self, host: Host, out: Outcome, now: float) -> bool:
+    def _unreachable(self, host: Host, out: Outcome, now: float) -> None:
         """When every id goes to one host, that host being unreachable means the
         API is down, not the ids: wait for it, and stop if it does not come back."""
         was_down = host.down_since is not None
@@ -1530,7 +1532,6 @@ class Batch:
             self.tally.down["probes"] = host.probes
         if host.probes >= self.cfg.tries * self.cfg.passes:
             self.request_stop("unreachable")
-        return down
 
     def _probe_wait(self, probe: int) -> float:
         return backoff_delay(probe, self.cfg.backoff, self.cfg.max_backoff, self.fx.rand)

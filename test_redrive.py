@@ -513,9 +513,9 @@ def test_dropped_connection_is_retryable(server, tmp_path):
     assert code == ExitCode.OK and server.hits["d"] == 2 and fake.sleeps == [0.75]
 
 
-def test_connection_refused_is_retryable_then_unavailable(tmp_path):
-    ids = write_ids(tmp_path, ["x"])
-    code, err, fake = run_cli([ids, "--url", "http://127.0.0.1:9/{id}", "--tries", "2", "--cooldown", "1"])
+def test_a_refused_url_in_a_url_list_is_retryable_then_unavailable(tmp_path):
+    ids = write_ids(tmp_path, ["http://127.0.0.1:9/x"])  # ids on many hosts: the URL's own problem
+    code, err, fake = run_cli([ids, "--tries", "2", "--cooldown", "1"])
     assert code == ExitCode.OK
     assert [f["error"] for f in state(tmp_path, "failed.jsonl")] == ["connection refused"] * 2
     assert state(tmp_path, "unavailable.jsonl")[0]["status"] is None
@@ -548,6 +548,15 @@ def test_max_time_while_the_api_is_down_says_so(tmp_path):
     assert code == ExitCode.INCOMPLETE
     assert "--max-time 3 s reached" in err and "unreachable (connection refused) since" in err
     assert state(tmp_path, "failed.jsonl") == []
+
+
+def test_an_unreachable_api_is_exit_69_in_a_real_process(tmp_path):
+    ids = write_ids(tmp_path, [f"n{i}" for i in range(10)])
+    url = f"http://127.0.0.1:{closed_port()}/items/{{id}}"
+    cmd = redrive_cmd(ids, "--url", url, "--backoff", "0.01", "--max-backoff", "0.02", "--tries", "1", "-q")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 69 and "Traceback" not in proc.stderr
+    assert "unreachable (connection refused)" in proc.stderr and "10 x pending" in proc.stderr
 
 
 class ServerComesBack(FakeTime):
