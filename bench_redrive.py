@@ -208,8 +208,9 @@ def measured(cmd, env=None) -> Run:
     return Run(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, os.waitstatus_to_exitcode(status), err)
 
 
-def sent_and_throttled(before, after):
-    """Requests the server saw between two /_stats snapshots, and how many it answered 429."""
+def sent_and_throttled(after, before=None):
+    """Requests the server saw (since the `before` /_stats snapshot), and how many it answered 429."""
+    before = before or {"hits": {}, "statuses": {}}
     sent = sum(after["hits"].values()) - sum(before["hits"].values())
     throttled = after["statuses"].get("429", 0) - before["statuses"].get("429", 0)
     return sent, throttled
@@ -278,7 +279,7 @@ def clean(folder, count, opt):
         bare = measured([sys.executable, __file__, "--bare", base, str(count), str(opt.concurrency)])
         before = server_stats(base)
         run = measured(redrive_cmd(ids, base, "--concurrency", str(opt.concurrency)))
-        sent, throttled = sent_and_throttled(before, server_stats(base))
+        sent, throttled = sent_and_throttled(server_stats(base), before)
     finally:
         proc.terminate()
     ideal = count * opt.latency / opt.concurrency
@@ -312,7 +313,7 @@ def flaky(folder, count, opt):
     # the last id of the slowest-settling kind cannot start before the work is nearly
     # done; then it waits out its backoffs (and cool-down) between its requests
     chain = max(CHAIN[k] + NEEDED[k] * opt.latency for k in kinds)
-    sent, throttled = sent_and_throttled({"hits": {}, "statuses": {}}, stats)
+    sent, throttled = sent_and_throttled(stats)
     over = Counter()
     for item, hits in stats["hits"].items():
         over[kind[item]] += hits
@@ -338,7 +339,7 @@ def rate_limited(folder, count, opt):
         stats = server_stats(base)
     finally:
         proc.terminate()
-    sent, throttled = sent_and_throttled({"hits": {}, "statuses": {}}, stats)
+    sent, throttled = sent_and_throttled(stats)
     ideal = count / limit
     rows = core_rows(run, ideal, "N / limit", "target: wall <= 1.15 x ideal, efficiency >= 0.87",
                      sent, count, throttled)
@@ -359,7 +360,7 @@ def resume(folder, count, opt, left=10):
                 done.write(f"i{n}\n")
                 results.write(f'{{"id":"i{n}","url":"u","status":200,"fetched_at":"t","body":{{}}}}\n')
         run = measured(redrive_cmd(ids, base))
-        sent, throttled = sent_and_throttled({"hits": {}, "statuses": {}}, server_stats(base))
+        sent, throttled = sent_and_throttled(server_stats(base))
     finally:
         proc.terminate()
     rows = [
