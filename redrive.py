@@ -65,11 +65,16 @@ import os
 import queue
 import random
 import re
+import select
 import shutil
 import signal
+import socket
+import ssl
 import sys
+import tempfile
 import threading
 import time
+import traceback
 import zlib
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -162,8 +167,42 @@ POOLED_HOSTS = 16
 #: Hosts whose proxy and .netrc settings are remembered (see HostSettings).
 REMEMBERED_HOSTS = 1024
 
-#: The reasons connection_reason gives a request that never reached its host.
+#: The reasons transport_failure gives a request that never reached its host.
 UNREACHED_REASONS = frozenset({"connection refused", "host name not found"})
+
+#: Bytes of a redirect's body read before the connection is dropped instead
+#: (requests would read all of it, decompressed: a gzip bomb on a 302).
+REDIRECT_BODY_BYTES = 65536
+
+#: 1xx interim answers (103 Early Hints...) skipped before one is taken as
+#: no answer at all; a real server sends one or two.
+MAX_INTERIM = 16
+
+#: Cookies an API may set, and their bytes in all: a Set-Cookie storm is
+#: ignored past this instead of growing every later request's Cookie header.
+MAX_COOKIES = 50
+MAX_COOKIE_BYTES = 16384
+
+#: The longest Retry-After honoured (a day): a date in the year 9999 is a
+#: server bug, not a plan.
+MAX_RETRY_AFTER = 86400.0
+
+#: Bounds of every wait of the run loop: a wait never rounds to nothing (a
+#: busy loop, or a CPython SimpleQueue that waits for ever on such a timeout)
+#: and never outlasts this without a fresh look at the run.
+MIN_WAIT = 0.001
+MAX_WAIT = 1.0
+
+#: The reason given a POST or PATCH that failed after it may have reached the server.
+MAY_HAVE_BEEN_PROCESSED = "may have been processed"
+
+#: Methods the server may repeat without harm (RFC 9110 9.2.2): any other
+#: (POST, PATCH) is not retried once it may have reached the server.
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
+
+#: Statuses that say the request was not processed, so retrying is safe
+#: even for POST: a throttle, or a server that is not taking work.
+NOT_PROCESSED_STATUSES = frozenset({429, 503})
 
 #: Requests in a row that never reach the API's host (refused, name not
 #: found, connect timeout) before redrive takes the host as down.
@@ -177,6 +216,7 @@ class ExitCode(IntEnum):
     USAGE = 2  #: bad command line, input file or state
     FATAL = 3  #: halted by a fatal response (401, 402, --fatal)
     UNREACHABLE = 69  #: the API's host stayed unreachable; its ids are left pending (EX_UNAVAILABLE)
+    SOFTWARE = 70  #: a bug in redrive: state kept, traceback in STATE_DIR/crash.log (EX_SOFTWARE)
     LOCKED = 75  #: another run holds the state dir (EX_TEMPFAIL)
     INTERRUPTED = 130  #: Ctrl+C
     TERMINATED = 143  #: SIGTERM
@@ -237,6 +277,7 @@ class Config:
     report: Optional[Path] = None
     demo: bool = False
     allow_config_change: bool = False
+    retry_unsafe: bool = False  #: retry POST/PATCH even when the attempt may have been processed
     secrets: tuple = ()  #: header values and ${VAR} values: shown as *** if ever echoed
 
     @property
@@ -255,6 +296,11 @@ class Config:
     def wants_json(self) -> bool:
         return self.expect_json or bool(self.require_field)
 
+    @property
+    def unsafe(self) -> bool:
+        """A method whose repeat may do the work twice, unless --retry-unsafe."""
+        return self.method not in IDEMPOTENT_METHODS and not self.retry_unsafe
+
 
 @dataclass
 class Outcome:
@@ -263,7 +309,7 @@ class Outcome:
     bucket: Bucket
     status: Optional[int] = None
     error: str = ""
-    body: object = None
+    body: Optional[str] = None  #: a success's body, as the JSON text results.jsonl stores
     final_url: Optional[str] = None
     retry_after: Optional[float] = None
     excerpt: str = ""
@@ -304,54 +350,106 @@ def classify_status(status: int, cfg: Config) -> Bucket:
     return Bucket.OK
 
 
-def classify_exception(exc: Exception, timeout: float) -> tuple:
-    """Sort a requests exception into (bucket, short reason).
+class Phase(Enum):
+    """Where in an attempt a failure happened: it decides what the failure means."""
+
+    REQUEST = "request"  #: connecting, sending, waiting for the status line and headers
+    REDIRECT = "redirect"  #: following a Location
+    BODY = "body"  #: reading and decoding the body
+
+
+def exception_chain(exc: BaseException) -> list:
+    """exc and every exception it wraps, outermost first.
+
+    requests wraps urllib3, which wraps http.client, which wraps the socket
+    error, through args, __cause__, __context__ and .reason alike.
+    """
+    chain, todo = [], [exc]
+    while todo and len(chain) < 32:
+        e = todo.pop(0)
+        if isinstance(e, BaseException) and not any(e is seen for seen in chain):
+            chain.append(e)
+            todo += [e.__cause__, e.__context__, getattr(e, "reason", None), *e.args]
+    return chain
+
+
+def transport_failure(exc: BaseException, phase: Phase, timeout: float, chunked: bool = False) -> tuple:
+    """Sort a failure of the network, the server or the HTTP libraries into
+    (bucket, short reason). Never raises, whatever the exception.
 
     Order matters: ConnectTimeout is both a ConnectionError and a Timeout,
-    and SSLError is a ConnectionError that no retry will fix.
+    RemoteDisconnected both a reset and a bad status line, and a TLS error
+    while reading the body is a dropped connection, not a certificate problem.
     """
-    if isinstance(exc, requests.exceptions.SSLError):
-        return Bucket.SKIP, "TLS error (certificate or handshake)"
-    if isinstance(exc, (requests.exceptions.Timeout, AttemptTimeout)):
+    chain = exception_chain(exc)
+
+    def has(*types) -> bool:
+        return any(isinstance(e, types) for e in chain)
+
+    if has(AttemptTimeout):
         return Bucket.RETRYABLE, f"timeout after {timeout:g} s"
-    if isinstance(exc, requests.exceptions.TooManyRedirects):
+    where = "redirect target: " if phase is Phase.REDIRECT else ""
+    if has(requests.exceptions.TooManyRedirects):
         return Bucket.SKIP, "too many redirects"
-    if isinstance(exc, (requests.exceptions.ConnectionError,
-                        requests.exceptions.ChunkedEncodingError,
-                        requests.exceptions.ContentDecodingError)):
-        return Bucket.RETRYABLE, connection_reason(exc)
-    return Bucket.SKIP, f"request not sendable ({type(exc).__name__})"
+    if phase is Phase.REDIRECT and has(requests.exceptions.InvalidSchema, requests.exceptions.InvalidURL,
+                                         requests.exceptions.MissingSchema, ValueError):
+        return Bucket.SKIP, "redirect to an unsupported URL"
+    if has(ConnectionRefusedError):
+        return Bucket.RETRYABLE, f"{where}connection refused"
+    if has(socket.gaierror):
+        return Bucket.RETRYABLE, f"{where}host name not found"
+    if has(urllib3.exceptions.NewConnectionError):  # a ConnectTimeoutError too, in urllib3 2
+        return Bucket.RETRYABLE, f"{where}cannot connect"
+    if has(requests.exceptions.ConnectTimeout, urllib3.exceptions.ConnectTimeoutError):
+        return Bucket.RETRYABLE, f"{where}connect timeout after {timeout:g} s"
+    if phase is not Phase.BODY and has(ssl.SSLError, urllib3.exceptions.SSLError):
+        return Bucket.SKIP, "TLS error (certificate or handshake)"
+    if has(requests.exceptions.Timeout, urllib3.exceptions.TimeoutError, socket.timeout):
+        return Bucket.RETRYABLE, f"timeout after {timeout:g} s"
+    if phase is Phase.BODY:
+        return Bucket.RETRYABLE, body_failure(chain, chunked)
+    return answer_failure(chain, where)
 
 
-def never_connected(exc: Exception) -> bool:
+def body_failure(chain: list, chunked: bool) -> str:
+    """The reason a body that had begun to arrive did not arrive whole."""
+    undecodable = next((e for e in chain if isinstance(e, UndecodableBody)), None)
+    if undecodable is not None:
+        return f"undecodable body ({undecodable.coding})"
+    if chunked and any(isinstance(e, (ValueError, urllib3.exceptions.InvalidChunkLength)) for e in chain):
+        return "broken chunked encoding"
+    return "connection dropped mid-body"
+
+
+def answer_failure(chain: list, where: str) -> tuple:
+    """(bucket, reason) for a connection that failed before a usable answer came."""
+    def has(*types) -> bool:
+        return any(isinstance(e, types) for e in chain)
+
+    if has(http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError):
+        return Bucket.RETRYABLE, f"{where}connection dropped before the answer"
+    if has(http.client.LineTooLong):
+        return Bucket.SKIP, f"{where}an answer with a header line over 64 KiB"
+    if any(type(e) is http.client.HTTPException and "headers" in str(e) for e in chain):
+        return Bucket.SKIP, f"{where}an answer with more than 100 headers"
+    if has(http.client.HTTPException, urllib3.exceptions.ProtocolError):
+        return Bucket.RETRYABLE, f"{where}not an HTTP answer"
+    if has(requests.exceptions.ConnectionError, OSError):
+        return Bucket.RETRYABLE, f"{where}connection error"
+    return Bucket.SKIP, f"{where}request not sendable ({type(chain[0]).__name__})"
+
+
+def never_connected(exc: BaseException) -> bool:
     """True when the request never reached the server: the host name did
     not resolve, the connection was refused, or connecting timed out.
 
     Such a failure is about the host, not the id (nothing was sent), so
     when it repeats the host is down and trying more ids only burns their
-    tries: see Host.unreachable.
+    tries: see Host.unreachable. It is also the one failure after which a
+    POST is safe to repeat.
     """
-    if isinstance(exc, requests.exceptions.ConnectTimeout):
-        return True
-    if not isinstance(exc, requests.exceptions.ConnectionError) or isinstance(exc, requests.exceptions.SSLError):
-        return False
-    cause = exc.args[0] if exc.args else None
-    cause = getattr(cause, "reason", cause)  # urllib3's MaxRetryError carries the cause
-    return isinstance(cause, urllib3.exceptions.ConnectTimeoutError)  # NewConnectionError is one too
-
-
-def connection_reason(exc: Exception) -> str:
-    """A short, secret-free reason for a transport failure."""
-    text = repr(exc)
-    if "Connection refused" in text or "ConnectionRefused" in text:
-        return "connection refused"
-    if "Name or service not known" in text or "NameResolution" in text:
-        return "host name not found"
-    if "RemoteDisconnected" in text or "reset by peer" in text:
-        return "connection dropped by the server"
-    if isinstance(exc, requests.exceptions.ChunkedEncodingError):
-        return "truncated body"
-    return "connection error"
+    return any(isinstance(e, (requests.exceptions.ConnectTimeout, urllib3.exceptions.ConnectTimeoutError,
+                              urllib3.exceptions.NewConnectionError)) for e in exception_chain(exc))
 
 
 def backoff_delay(attempt: int, base: float, cap: float, rand: Callable[[], float]) -> float:
@@ -368,22 +466,31 @@ def backoff_delay(attempt: int, base: float, cap: float, rand: Callable[[], floa
 def parse_retry_after(value: Optional[str], now: float) -> Optional[float]:
     """Seconds to wait from a Retry-After value: delay-seconds or an HTTP-date.
 
-    Returns None for a missing or unparseable value, 0 for a date in the past.
+    Returns None for a missing or unparseable value, 0 for a date in the
+    past, and at most MAX_RETRY_AFTER: whatever the server sent, never an
+    exception and never a wait of centuries.
     """
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
-        return float(value)
+    if value.isascii() and value.isdigit():
+        return min(MAX_RETRY_AFTER, float(value))
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=timezone.utc)
+        return min(MAX_RETRY_AFTER, max(0.0, when.timestamp() - now))
+    except (TypeError, ValueError, IndexError, OverflowError, AttributeError):
         return None
-    if when is None:
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return max(0.0, when.timestamp() - now)
+
+
+def bounded_wait(seconds: Optional[float]) -> float:
+    """A wait the run loop can always make: at least MIN_WAIT (never a busy
+    loop, never a timeout that rounds to nothing) and at most MAX_WAIT,
+    whatever comes in: None for "until woken", 0, negative, NaN or 1e300."""
+    if seconds is None or not seconds < MAX_WAIT:
+        return MAX_WAIT
+    return max(MIN_WAIT, seconds)
 
 
 def status_reason(status: int) -> str:
@@ -397,6 +504,9 @@ def status_reason(status: int) -> str:
 def recommend(bucket: Bucket, status: Optional[int], reason: str, passes: int, many: bool = False) -> str:
     """The plain-words next step for an id (or, with many, a group of ids) that ends up unavailable."""
     it, item = ("them", "the items") if many else ("it", "the item")
+    if reason.startswith(MAY_HAVE_BEEN_PROCESSED):
+        return f"may have been processed: check {item} upstream; to send {it} again, " \
+               "rerun with --retry-unsafe --retry-unavailable"
     if bucket is Bucket.SKIP:
         if status in (404, 410):
             return f"removed upstream ({status}): drop {it} from the input list"
@@ -823,9 +933,9 @@ class Ledger:
     def record(self, name: str, record: dict) -> None:
         self.append(name, json.dumps(record, ensure_ascii=False, separators=(",", ":")))
 
-    def success(self, item_id: str, record: dict) -> None:
+    def success(self, item_id: str, line: str) -> None:
         """The result line first, then the done line: done means stored."""
-        self.record("results.jsonl", record)
+        self.append("results.jsonl", line)
         self.append("done.txt", item_id)
 
 
@@ -1053,7 +1163,178 @@ def recorded_request(record: dict) -> dict:
 
 
 class AttemptTimeout(Exception):
-    """The whole attempt ran past --timeout (a server dripping its body)."""
+    """The whole attempt ran past --timeout (a server dripping its answer)."""
+
+
+class UndecodableBody(Exception):
+    """A body that does not decompress as its Content-Encoding says."""
+
+    def __init__(self, coding: str):
+        super().__init__(coding)
+        self.coding = coding
+
+
+class RedirectFailed(Exception):
+    """Following a redirect failed; its cause says how (see Phase.REDIRECT)."""
+
+
+#: What the network, a server or the HTTP libraries may raise during an
+#: attempt: each becomes an Outcome (transport_failure). Anything else is a
+#: bug in redrive, which stops the run with exit 70.
+TRANSPORT_ERRORS = (requests.RequestException, urllib3.exceptions.HTTPError, http.client.HTTPException,
+                    OSError, ValueError, AttemptTimeout, UndecodableBody, RedirectFailed)
+
+
+class Attempt:
+    """One attempt's deadline, and the connection it is using (see Watchdog)."""
+
+    __slots__ = ("deadline", "conn", "expired")
+
+    def __init__(self, deadline: float):
+        self.deadline, self.conn, self.expired = deadline, None, False
+
+    def cut(self) -> None:
+        """Past the deadline: shut the socket down, which wakes a read blocked on it."""
+        self.expired = True
+        sock = getattr(self.conn, "sock", None)
+        if sock is not None:
+            try:
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the system call, under an SSLSocket too
+            except (OSError, TypeError, ValueError):
+                pass  # closed already: nothing is waiting on it
+
+
+#: The attempt each worker thread is making; its connections register with it.
+CURRENT = threading.local()
+
+
+class Watchdog:
+    """Holds every attempt to --timeout as a whole, status line and headers included.
+
+    A socket timeout bounds each read, not the attempt: a server that drips
+    one header byte a second would hold a worker for ever. One thread per
+    run watches the deadlines and cuts an attempt that outlives its own.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.clock, self.cond = clock, threading.Condition()
+        self.attempts, self.idle, self.closed = set(), True, False
+        threading.Thread(target=self._run, name="redrive-watchdog", daemon=True).start()
+
+    def begin(self, seconds: float) -> Attempt:
+        attempt = CURRENT.attempt = Attempt(self.clock() + seconds)
+        with self.cond:
+            self.attempts.add(attempt)
+            if self.idle:
+                self.cond.notify()
+        return attempt
+
+    def end(self, attempt: Attempt) -> None:
+        CURRENT.attempt = None
+        with self.cond:
+            self.attempts.discard(attempt)
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify()
+
+    def _run(self) -> None:
+        with self.cond:
+            while not self.closed:
+                now = self.clock()
+                for attempt in [a for a in self.attempts if a.deadline <= now]:
+                    self.attempts.discard(attempt)
+                    attempt.cut()
+                soonest = min((a.deadline for a in self.attempts), default=None)
+                self.idle = soonest is None
+                self.cond.wait(bounded_wait(None if soonest is None else soonest - now))
+
+
+class FinalResponse(http.client.HTTPResponse):
+    """http.client's response, reading past every 1xx interim answer.
+
+    http.client skips only 100 Continue: a 103 Early Hints would be taken as
+    the answer, and the real one left on the keep-alive connection for the
+    next request to read, another id's body stored as this one's.
+    """
+
+    interim = 0
+
+    def _read_status(self):
+        version, status, reason = super()._read_status()
+        if 100 < status < 200 and status != 101:
+            self.interim += 1
+            if self.interim > MAX_INTERIM:
+                raise http.client.BadStatusLine(f"more than {MAX_INTERIM} interim answers")
+            return version, 100, reason  # http.client skips a 100's headers and reads on
+        return version, status, reason
+
+
+class WatchedConnection:
+    """urllib3's connection, seen by the attempt's watchdog and reading past 1xx."""
+
+    response_class = FinalResponse
+
+    def connect(self):
+        self._watch()
+        return super().connect()
+
+    def request(self, *args, **kwargs):
+        self._watch()
+        return super().request(*args, **kwargs)
+
+    def _watch(self) -> None:
+        attempt = getattr(CURRENT, "attempt", None)
+        if attempt is not None:
+            attempt.conn = self
+
+
+class WatchedHTTPConnection(WatchedConnection, urllib3.connection.HTTPConnection):
+    pass
+
+
+class WatchedHTTPSConnection(WatchedConnection, urllib3.connection.HTTPSConnection):
+    pass
+
+
+class WatchedHTTPPool(urllib3.HTTPConnectionPool):
+    ConnectionCls = WatchedHTTPConnection
+
+
+class WatchedHTTPSPool(urllib3.HTTPSConnectionPool):
+    ConnectionCls = WatchedHTTPSConnection
+
+
+WATCHED_POOLS = {"http": WatchedHTTPPool, "https": WatchedHTTPSPool}
+
+
+class WatchedAdapter(HTTPAdapter):
+    """requests' transport adapter, on connections the watchdog can cut."""
+
+    def init_poolmanager(self, *args, **kwargs):
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = WATCHED_POOLS
+
+    def proxy_manager_for(self, proxy, **proxy_kwargs):
+        manager = super().proxy_manager_for(proxy, **proxy_kwargs)
+        if manager.pool_classes_by_scheme is urllib3.poolmanager.pool_classes_by_scheme:
+            manager.pool_classes_by_scheme = WATCHED_POOLS  # not a SOCKS proxy's own classes
+        return manager
+
+
+class BoundedCookieJar(requests.cookies.RequestsCookieJar):
+    """The cookies an API sets: at most MAX_COOKIES, MAX_COOKIE_BYTES in all.
+    Past that a new cookie is ignored (one already held is still updated), so
+    a Set-Cookie storm cannot grow every later request's Cookie header."""
+
+    def set_cookie(self, cookie, *args, **kwargs):
+        key = (cookie.name, cookie.domain, cookie.path)
+        held = [c for c in self if (c.name, c.domain, c.path) != key]
+        size = sum(len(c.name or "") + len(c.value or "") for c in held)
+        if len(held) >= MAX_COOKIES or size + len(cookie.name or "") + len(cookie.value or "") > MAX_COOKIE_BYTES:
+            return None
+        return super().set_cookie(cookie, *args, **kwargs)
 
 
 class HostSettings:
@@ -1091,12 +1372,13 @@ class GuardedSession(requests.Session):
     open() sends a request the short way, see there.
     """
 
-    def __init__(self, guarded: frozenset, settings: HostSettings):
+    def __init__(self, guarded: frozenset, settings: HostSettings, watchdog: Watchdog):
         super().__init__()
         self.trust_env = False  # the environment is read by HostSettings, once per host
-        self.guarded = guarded
+        self.cookies = BoundedCookieJar()
+        self.guarded, self.user_cookie = guarded, None
         self.origin = None
-        self.environment = settings
+        self.environment, self.watchdog = settings, watchdog
         bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
         self.verify = bundle or True
 
@@ -1112,7 +1394,7 @@ class GuardedSession(requests.Session):
         the session's headers and cookies and goes straight to the transport
         adapter; requests' own code still does the rest: URL and body
         encoding, .netrc auth, cookies set by the answer, and redirects
-        (through rebuild_proxies and rebuild_auth below).
+        (through send, rebuild_proxies and rebuild_auth below).
         """
         prepared = requests.PreparedRequest()
         prepared.prepare_method(method)
@@ -1127,10 +1409,26 @@ class GuardedSession(requests.Session):
         resp = self.get_adapter(prepared.url).send(prepared, **settings)
         if "Set-Cookie" in resp.headers:
             requests.cookies.extract_cookies_to_jar(self.cookies, prepared, resp.raw)
-        if resp.is_redirect:
+        return self.follow(resp, prepared, settings) if resp.is_redirect else resp
+
+    def follow(self, resp: requests.Response, prepared, settings: dict) -> requests.Response:
+        """Follow redirects with requests' own logic; any failure on the way is a RedirectFailed."""
+        try:
+            drain_redirect(resp)
             history = [resp, *self.resolve_redirects(resp, prepared, **settings)]
-            resp = history.pop()
-            resp.history = history
+        except TRANSPORT_ERRORS as exc:
+            raise RedirectFailed(type(exc).__name__) from exc
+        resp = history.pop()
+        resp.history = history
+        return resp
+
+    def send(self, request, **kwargs) -> requests.Response:
+        """One redirect hop (resolve_redirects sends them here): Session.send
+        would look ahead at the next hop, which reads this one's whole body."""
+        kwargs.pop("allow_redirects", None)
+        resp = self.get_adapter(request.url).send(request, **kwargs)
+        if resp.is_redirect:
+            drain_redirect(resp)
         return resp
 
     def rebuild_proxies(self, prepared_request, proxies):
@@ -1139,73 +1437,158 @@ class GuardedSession(requests.Session):
         return super().rebuild_proxies(prepared_request, self.environment(url, origin_of(url))[0])
 
     def rebuild_auth(self, prepared_request, response):
+        """Drop the user's headers on the way to another origin; on the same
+        origin, give back the Cookie header requests drops on every redirect."""
         super().rebuild_auth(prepared_request, response)
         if origin_of(prepared_request.url) != self.origin:
             for name in list(prepared_request.headers):
                 if name.lower() in self.guarded:
                     del prepared_request.headers[name]
+        elif self.user_cookie is not None:
+            prepared_request.headers["Cookie"] = self.user_cookie
+
+
+def drain_redirect(resp: requests.Response) -> None:
+    """Read a redirect's body raw, up to REDIRECT_BODY_BYTES; past that, drop
+    the connection instead. requests would read it all, decompressed."""
+    raw = resp.raw
+    if len(raw.read(REDIRECT_BODY_BYTES + 1, decode_content=False) or b"") > REDIRECT_BODY_BYTES:
+        raw.close()  # the rest stays unread: the connection must not be reused
+    resp._content, resp._content_consumed = b"", True  # requests takes it as read
+
+
+def drop_connection(resp: requests.Response) -> None:
+    """Close the connection under an answer whose framing is in doubt."""
+    conn = getattr(resp.raw, "connection", None)
+    if conn is not None:
+        conn.close()
 
 
 def origin_of(url: str) -> tuple:
     parts = urlsplit(url)
     default = {"http": 80, "https": 443}.get(parts.scheme)
-    return parts.scheme, parts.hostname, parts.port or default
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return parts.scheme, parts.hostname, port or default
 
 
-def make_session(cfg: Config, settings: HostSettings) -> GuardedSession:
+def make_session(cfg: Config, settings: HostSettings, watchdog: Watchdog) -> GuardedSession:
     """One worker's session: a keep-alive connection per host (a worker sends
     one request at a time), redrive's headers, urllib3's own retries off."""
-    session = GuardedSession(cfg.header_names, settings)
-    adapter = HTTPAdapter(pool_connections=POOLED_HOSTS, pool_maxsize=1, max_retries=0)
+    session = GuardedSession(cfg.header_names, settings, watchdog)
+    adapter = WatchedAdapter(pool_connections=POOLED_HOSTS, pool_maxsize=1, max_retries=0)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     session.headers["User-Agent"] = f"redrive/{__version__}"
+    session.headers["Accept-Encoding"] = "gzip, deflate"  # what read_body decodes, bounded
     if cfg.data is not None and "content-type" not in cfg.header_names:
         session.headers["Content-Type"] = "application/json" if cfg.json_data else "application/x-www-form-urlencoded"
     session.headers.update(dict(cfg.headers))
+    session.user_cookie = next((value for name, value in cfg.headers if name.lower() == "cookie"), None)
     return session
 
 
 def fetch(session: GuardedSession, item_id: str, cfg: Config, redact: Redactor,
           now: Callable[[], float]) -> Outcome:
-    """One attempt. Every HTTP or network failure comes back as an Outcome."""
+    """One attempt. Every failure of the network, the server or the HTTP
+    libraries comes back as an Outcome; only a bug in redrive raises."""
     url = build_url(cfg.url, item_id)
     session.origin = origin_of(url)
     proxies, auth = session.environment(url, session.origin)
-    deadline = time.monotonic() + cfg.timeout
     body = None if cfg.data is None else build_body(cfg.data, item_id, cfg.json_data)
+    attempt = session.watchdog.begin(cfg.timeout)
+    phase, chunked = Phase.REQUEST, False
     try:
         with session.open(cfg.method, url, body, cfg.timeout, proxies, auth) as resp:
+            phase, chunked = Phase.BODY, bool(getattr(resp.raw, "chunked", False))
             bucket = classify_status(resp.status_code, cfg)
+            if resp.status_code < 200:
+                drop_connection(resp)  # a 101, or an interim answer past MAX_INTERIM: no framing to trust
             wanted = bucket is Bucket.OK or bucket is Bucket.FATAL
-            raw = read_body(resp, cfg.max_bytes if wanted else ERROR_BODY_BYTES, deadline)
-    except (requests.RequestException, AttemptTimeout) as exc:
-        bucket, reason = classify_exception(exc, cfg.timeout)
-        return Outcome(bucket, error=reason, unreached=never_connected(exc))
+            raw = read_body(resp, cfg.max_bytes if wanted else ERROR_BODY_BYTES, attempt.deadline, decode=wanted)
+    except TRANSPORT_ERRORS as exc:
+        phase = Phase.REDIRECT if isinstance(exc, RedirectFailed) else phase
+        bucket, reason = transport_failure(AttemptTimeout() if attempt.expired else exc, phase, cfg.timeout, chunked)
+        return Outcome(bucket, error=reason, unreached=phase is Phase.REQUEST and never_connected(exc))
+    finally:
+        session.watchdog.end(attempt)
     if raw is None and bucket is Bucket.OK:
         return Outcome(Bucket.SKIP, resp.status_code, f"body over {cfg.max_bytes} bytes")
     return interpret(resp, raw or b"", bucket, cfg, redact, now())
 
 
-def read_body(resp: requests.Response, max_bytes: int, deadline: float) -> Optional[bytes]:
-    """Read the body in pieces as they arrive, within the deadline.
+class Inflater:
+    """Undoes a gzip or deflate Content-Encoding, never more than asked at a time.
 
-    Returns None once it grows past max_bytes: reading stops there.
+    Done here rather than by urllib3, so that a decompression bomb (a few KB
+    on the wire, gigabytes decoded) costs no more memory than --max-bytes
+    with any urllib3, and a body that does not decode has its own reason.
+    """
+
+    def __init__(self, coding: str):
+        self.coding, self.started = coding, False
+        self.wbits = zlib.MAX_WBITS | 16 if coding in ("gzip", "x-gzip") else zlib.MAX_WBITS
+        self.obj = zlib.decompressobj(self.wbits)
+
+    @staticmethod
+    def for_header(header: str) -> Optional["Inflater"]:
+        """The Inflater for a Content-Encoding value; None for no or identity coding."""
+        codings = [c for c in (c.strip().lower() for c in header.split(",")) if c not in ("", "identity")]
+        if not codings:
+            return None
+        if len(codings) == 1 and codings[0] in ("gzip", "x-gzip", "deflate"):
+            return Inflater(codings[0])
+        raise UndecodableBody(", ".join(codings)[:40])
+
+    def feed(self, data: bytes, limit: int) -> bytes:
+        """Up to limit bytes decoded from data (more means the body is too large)."""
+        try:
+            out = self.obj.decompress(data, limit)
+            while self.obj.eof and self.obj.unused_data[:2] == b"\x1f\x8b" and len(out) < limit:
+                rest, self.obj = self.obj.unused_data, zlib.decompressobj(self.wbits)  # another gzip member
+                out += self.obj.decompress(rest, limit - len(out))
+        except zlib.error:
+            if self.coding != "deflate" or self.started:
+                raise UndecodableBody(self.coding) from None
+            self.started, self.obj = True, zlib.decompressobj(-zlib.MAX_WBITS)  # raw deflate, as some servers send
+            return self.feed(data, limit)
+        self.started = True
+        return out
+
+    def finish(self) -> None:
+        """The body ended: so must the compressed stream, or data is missing."""
+        if self.started and not self.obj.eof:
+            raise UndecodableBody(self.coding)
+
+
+def read_body(resp: requests.Response, max_bytes: int, deadline: float, decode: bool = True) -> Optional[bytes]:
+    """Read the body in pieces as they arrive, within the deadline, undoing
+    its Content-Encoding when decode is set.
+
+    Returns None once it grows past max_bytes, decoded: reading stops there.
     """
     raw = resp.raw
-    read = getattr(raw, "read1", None)
-    chunks = iter(lambda: read(READ_CHUNK, decode_content=True), b"") if read else resp.iter_content(READ_CHUNK)
-    plain = read and "Content-Encoding" not in resp.headers  # raw bytes are body bytes
+    read = getattr(raw, "read1", None) or raw.read
+    inflater = Inflater.for_header(resp.headers.get("Content-Encoding", "")) if decode else None
     body, size = [], 0
-    for chunk in chunks:
+    while True:
+        chunk = read(READ_CHUNK, decode_content=False)
+        if not chunk:
+            break
+        if inflater is not None:
+            chunk = inflater.feed(chunk, max_bytes - size + 1)
         size += len(chunk)
         if size > max_bytes:
             return None
         if time.monotonic() > deadline:
             raise AttemptTimeout()
         body.append(chunk)
-        if plain and raw.length_remaining == 0:
+        if getattr(raw, "length_remaining", None) == 0:
             break  # all Content-Length bytes are here: no read just to see the end
+    if inflater is not None:
+        inflater.finish()
     return b"".join(body)
 
 
@@ -1219,11 +1602,13 @@ def interpret(resp: requests.Response, raw: bytes, bucket: Bucket, cfg: Config, 
         return Outcome(bucket, status, status_reason(status), excerpt=excerpt)
     if bucket is not Bucket.OK:
         wait = parse_retry_after(resp.headers.get("Retry-After"), now)
-        return Outcome(bucket, status, status_reason(status), retry_after=wait)
+        lost = " (a redirect without a Location)" if status in requests.sessions.REDIRECT_STATI and \
+            "Location" not in resp.headers else ""
+        return Outcome(bucket, status, status_reason(status) + lost, retry_after=wait)
     if not raw.strip():
         bodiless = status in BODILESS_STATUSES or cfg.method == "HEAD"
         if bodiless and not (cfg.wants_json or cfg.require):
-            return Outcome(Bucket.OK, status, body=None, final_url=final)
+            return Outcome(Bucket.OK, status, body="null", final_url=final)
         return Outcome(Bucket.RETRYABLE, status, "empty body")
     body, problem = validate(decode(raw, resp), resp.headers.get("Content-Type", ""), cfg)
     if problem:
@@ -1232,12 +1617,15 @@ def interpret(resp: requests.Response, raw: bytes, bucket: Bucket, cfg: Config, 
 
 
 def validate(text: str, content_type: str, cfg: Config) -> tuple:
-    """(body to store, None) for a real answer, or (None, reason) for a 200
-    that is not one: a login wall, an interstitial, a truncated document."""
+    """(body as results.jsonl stores it, None) for a real answer, or (None,
+    reason) for a 2xx that is not one: a login wall, an interstitial, a
+    truncated document."""
     body = text
     if cfg.wants_json or "json" in content_type.lower():
         try:
             body = json.loads(text)
+        except RecursionError:
+            body = text  # JSON nested deeper than Python can hold: kept as its text
         except ValueError:
             return None, "invalid JSON"
     for needle in cfg.require:
@@ -1246,22 +1634,67 @@ def validate(text: str, content_type: str, cfg: Config) -> tuple:
     for name in cfg.require_field:
         if not isinstance(body, dict) or body.get(name) is None:
             return None, f"missing field {name!r}"
-    return body, None
+    return strict_json(body, text), None
+
+
+#: A JSON escape of a UTF-16 surrogate: it may decode to a lone one, which UTF-8 cannot hold.
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def strict_json(body, text: str) -> str:
+    """The body as RFC 8259 JSON text. JSON that Python reads but a strict
+    reader would not (NaN, Infinity, nesting past what json.dumps can
+    write) is kept as its text, a JSON string."""
+    ascii_only = "\\u" in text and SURROGATE_ESCAPE.search(text) is not None
+    try:
+        return json.dumps(body, ensure_ascii=ascii_only, allow_nan=False, separators=(",", ":"))
+    except (ValueError, RecursionError):
+        return json.dumps(text, ensure_ascii=False)
 
 
 def decode(raw: bytes, resp: requests.Response) -> str:
-    """Body text: the declared charset, else UTF-8; bad bytes are replaced."""
+    """Body text: the declared charset, else UTF-8; bad bytes are replaced.
+    A charset Python does not know, or cannot decode with, means UTF-8."""
     declared = "charset=" in resp.headers.get("Content-Type", "").lower()
     try:
         return raw.decode(resp.encoding if declared and resp.encoding else "utf-8", errors="replace")
-    except LookupError:
+    except (LookupError, ValueError, TypeError):
         return raw.decode("utf-8", errors="replace")
 
 
 # --------------------------------------------------------------- run loop
 
 
-WAKE = object()  #: wakes the main thread: a worker went idle, or a signal came
+class Wake:
+    """Wakes the main thread: a worker went idle, or a signal came.
+
+    A signal handler runs between any two bytecodes of the main thread, so
+    set() takes no lock: it sends a byte on a socket pair. wait() is bounded
+    whatever it is given (see bounded_wait).
+    """
+
+    def __init__(self):
+        self.reader, self.writer = socket.socketpair()
+        self.reader.setblocking(False)
+        self.writer.setblocking(False)
+
+    def set(self) -> None:
+        try:
+            self.writer.send(b"!")
+        except OSError:
+            pass  # the pair is full (a wake-up is pending anyway) or closed (the run is over)
+
+    def wait(self, seconds: Optional[float]) -> None:
+        try:
+            select.select([self.reader], [], [], bounded_wait(seconds))
+            while self.reader.recv(4096):
+                pass
+        except OSError:
+            pass  # drained (BlockingIOError), or closed
+
+    def close(self) -> None:
+        self.reader.close()
+        self.writer.close()
 
 
 @dataclass
@@ -1272,9 +1705,11 @@ class Tally:
     per_pass: dict = field(default_factory=dict)  #: pass -> Counter of results
     fatal: Optional[Outcome] = None
     fatal_id: str = ""
-    stop: str = ""  #: "", "fatal", "interrupted", "terminated", "time", "unreachable"
+    stop: str = ""  #: "", "fatal", "interrupted", "terminated", "time", "unreachable", "later", "crash"
     abandoned: int = 0
     down: Optional[dict] = None  #: the API's host went down: host, reason, since, probes
+    due: Optional[float] = None  #: stop "later": when the first id left is due (wall clock)
+    crash: Optional[dict] = None  #: stop "crash": the id, the error and its traceback
 
     def count(self, pass_no: int, what: str) -> None:
         self.per_pass.setdefault(pass_no, Counter())[what] += 1
@@ -1297,14 +1732,15 @@ class Batch:
             host_of(cfg.url, "")
         self.api = shown_host(cfg.url)  #: the fixed host, as messages name it
         self.jobs = queue.SimpleQueue()  #: ids for idle workers, None to end
-        self.wakeups = queue.SimpleQueue()  #: for the main thread; put() is safe in a signal handler
+        self.wake = Wake()  #: for the main thread; set() is safe in a signal handler
+        self.watchdog = Watchdog()
         self.lock = threading.Lock()  #: guards the schedule, the tallies and the ledger
         self.closed, self.failure = False, None
         self.inflight = 0
         self.tally = Tally()
         self.stop_at = None  # clock time to give up on requests in flight
         self.end_at = None if cfg.max_time is None else fx.clock() + cfg.max_time
-        self.sleep = fx.sleep or self._idle_wait
+        self.sleep = fx.sleep or self.wake.wait
         self.started_passes = set()
 
     # -- scheduling
@@ -1362,7 +1798,15 @@ class Batch:
             self.tally.stop = why
             grace = self.cfg.timeout if why == "time" else min(GRACE_SECONDS, self.cfg.timeout)
             self.stop_at = self.fx.clock() + grace
-        self.wakeups.put(WAKE)
+        self.wake.set()
+
+    def crashed(self, exc: BaseException, item: Optional[Item] = None) -> None:
+        """A bug in redrive: stop, keep the id pending, keep the traceback for crash.log."""
+        if self.tally.crash is None:
+            self.tally.crash = {"id": item.id if item else None, "error": f"{type(exc).__name__}: {exc}",
+                                "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))}
+        self.tally.stop = ""  # a crash outranks any other stop
+        self.request_stop("crash")
 
     def run(self) -> Tally:
         """The main thread keeps time: it starts work when workers are idle,
@@ -1382,13 +1826,19 @@ class Batch:
                     idle = not self.inflight
                     if idle:
                         self.ledger.sync()  # about to idle: a good moment to make the state durable
-                (self.sleep if idle else self._idle_wait)(timeout)
+                (self.sleep if idle else self.wake.wait)(timeout)
+        except RedriveError:
+            raise
+        except Exception as exc:
+            with self.lock:
+                self.crashed(exc)
         finally:
             with self.lock:
                 self.closed = True  # a worker that finishes now records nothing
                 self.tally.abandoned = self.inflight
             for _ in workers:
                 self.jobs.put(None)
+            self.watchdog.close()
         return self.tally
 
     def _tend(self) -> bool:
@@ -1399,10 +1849,21 @@ class Batch:
         self.progress.tick(self)
         if self.end_at is not None and not self.tally.stop and self.fx.clock() >= self.end_at:
             self.request_stop("time")
+        if not (self.tally.stop or self.inflight or self.active) and self._beyond_reach(self.heap[0][0]):
+            self.tally.due = self.fx.wallclock() + self.heap[0][0] - self.fx.clock()
+            self.request_stop("later")
         if self.tally.stop:
             return bool(self.inflight) and self.fx.clock() < self.stop_at
         self._hand_out()
         return True
+
+    def _beyond_reach(self, due: float) -> bool:
+        """Waiting for this would keep a cron run alive for nothing: the first
+        id left is due past --max-time, or past both the cool-down and twice
+        --max-backoff (a Retry-After of a day)."""
+        if self.end_at is not None and due > self.end_at:
+            return True
+        return due - self.fx.clock() > max(2 * self.cfg.max_backoff, self.cfg.cooldown)
 
     def _hand_out(self) -> None:
         """Give idle workers every id that may start now."""
@@ -1453,31 +1914,25 @@ class Batch:
         self.tally.requests += 1
         return item
 
-    def _idle_wait(self, seconds: Optional[float]) -> None:
-        """Wait for a worker's or a signal's wake-up, or until it is time to look again."""
-        try:
-            self.wakeups.get(timeout=seconds)
-        except queue.Empty:
-            pass
-
     def _work(self) -> None:
         """A worker: fetch, settle, and go straight on to the next ready id.
-        Whatever goes wrong (a full disk, a bug) is raised by the main thread."""
-        try:
-            self._work_loop()
-        except BaseException as exc:
-            self.failure = exc
-            self.wakeups.put(WAKE)
-
-    def _work_loop(self) -> None:
-        session = make_session(self.cfg, self.host_settings)
+        A state file that cannot be written is raised by the main thread; any
+        other exception is a bug: the run stops, the id stays pending."""
+        session = make_session(self.cfg, self.host_settings, self.watchdog)
         item = self.jobs.get()
         while item is not None:
-            outcome = fetch(session, item.id, self.cfg, self.redact, self.fx.wallclock)
-            with self.lock:  # the ledger's lines go out in the order they are settled
-                item = self._finish(item, outcome)
+            try:
+                outcome = fetch(session, item.id, self.cfg, self.redact, self.fx.wallclock)
+                with self.lock:  # the ledger's lines go out in the order they are settled
+                    item = self._finish(item, outcome)
+            except RedriveError as exc:
+                self.failure, item = exc, None
+            except Exception as exc:
+                with self.lock:
+                    self.crashed(exc, item)
+                item = None
             if item is None:
-                self.wakeups.put(WAKE)
+                self.wake.set()
                 item = self.jobs.get()
 
     def _finish(self, item: Item, outcome: Outcome) -> Optional[Item]:
@@ -1485,6 +1940,8 @@ class Batch:
         if self.closed:
             return None
         self.inflight -= 1
+        if self.tally.crash:
+            return None  # the run is stopping for a bug: settle nothing more
         if self.observe(item, outcome):
             self.schedule(item, self.fx.clock())  # it never reached the host: no try spent
         else:
@@ -1547,16 +2004,19 @@ class Batch:
             self.request_stop("fatal")
         elif out.bucket is Bucket.SKIP:
             self._give_up(item, out)
+        elif self.cfg.unsafe and not out.unreached and out.status not in NOT_PROCESSED_STATUSES:
+            self._give_up(item, dataclasses.replace(out, bucket=Bucket.SKIP,
+                                                    error=f"{MAY_HAVE_BEEN_PROCESSED} ({out.error})"))
         elif not self.tally.stop:
             self._retry_or_fail(item, out)
 
     def _succeed(self, item: Item, out: Outcome) -> None:
         url = build_url(self.cfg.url, item.id)
-        record = {"id": item.id, "url": redact_url(url), "status": out.status,
-                  "fetched_at": iso(self.fx.wallclock()), "body": out.body}
+        record = {"id": item.id, "url": redact_url(url), "status": out.status, "fetched_at": iso(self.fx.wallclock())}
         if out.final_url and out.final_url != url:
             record["final_url"] = redact_url(out.final_url)
-        self.ledger.success(item.id, record)
+        line = json.dumps(record, ensure_ascii=False, separators=(",", ":"))
+        self.ledger.success(item.id, f'{line[:-1]},"body":{out.body}}}')  # the body is JSON text already
         self.state.done.add(item.id)
         self.counts["done"] += 1
         self.tally.count(item.pass_no, "done")
@@ -1579,13 +2039,15 @@ class Batch:
                   "error": out.error, "tries": item.tries, "at": iso(at)}
         if out.retry_after is not None:
             record["retry_after"] = out.retry_after
+        wait = max(self.cfg.cooldown, out.retry_after or 0.0)
+        if item.pass_no < self.cfg.passes:
+            record["due"] = iso(at + wait)
         self.ledger.record("failed.jsonl", record)
         self.state.failed[item.id] = record
         if item.pass_no >= self.cfg.passes:
             self._give_up(item, out)
             return
         self.tally.count(item.pass_no, "failed")
-        wait = max(self.cfg.cooldown, out.retry_after or 0.0)
         self.schedule(Item(item.id, item.pass_no + 1), self.fx.clock() + wait)
 
     def _give_up(self, item: Item, out: Outcome) -> None:
@@ -1708,6 +2170,8 @@ PENDING_REASONS = {  #: why an id is still pending, by how the run ended
     "terminated": ("run terminated", "rerun to resume"),
     "fatal": ("run halted by a fatal response", "fix the key or the account, then rerun to resume"),
     "unreachable": ("the API's host stayed unreachable", "rerun the same command once it is back"),
+    "later": ("not due yet", "rerun the same command later"),
+    "crash": ("run stopped by an internal error", "rerun to resume; report crash.log if it happens again"),
 }
 
 
@@ -1722,7 +2186,9 @@ def residue(ids: list, state: State, tally: Tally) -> list:
         elif latest_failure(state, item_id):
             f = state.failed[item_id]
             rows.append({"id": item_id, "state": "failed", "reason": f["error"], "status": f["status"],
-                         "bucket": f["bucket"], "action": f"waits for pass {f['pass'] + 1}: rerun to continue"})
+                         "bucket": f["bucket"], "action": f"waits for pass {f['pass'] + 1}: rerun to continue"
+                         if tally.stop != "later" else f"waits for pass {f['pass'] + 1}, due {f.get('due')}: "
+                         "rerun the same command after then"})
         else:
             reason, action = PENDING_REASONS[tally.stop]
             rows.append({"id": item_id, "state": "pending", "reason": reason, "status": None,
@@ -1786,7 +2252,7 @@ def summarize(report: dict) -> list:
 
 def exit_code(report: dict) -> ExitCode:
     stops = {"fatal": ExitCode.FATAL, "interrupted": ExitCode.INTERRUPTED, "terminated": ExitCode.TERMINATED,
-             "unreachable": ExitCode.UNREACHABLE}
+             "unreachable": ExitCode.UNREACHABLE, "crash": ExitCode.SOFTWARE}
     if report["stop"] in stops:
         return stops[report["stop"]]
     unsettled = report["counts"]["failed"] + report["counts"]["pending"]
@@ -1811,6 +2277,15 @@ def stop_lines(tally: Tally, cfg: Config, redact: Redactor) -> list:
     if tally.stop == "unreachable":
         return [f"redrive: stopped: {down}, {tally.down['probes']} probes failed",
                 "  nothing was marked failed; rerun the same command once it is back"]
+    if tally.stop == "later":
+        return [f"redrive: nothing is due before {iso(tally.due)}, beyond this run's reach "
+                f"(--max-backoff, --cooldown{', --max-time' if cfg.max_time else ''}); "
+                "rerun the same command after then"]
+    if tally.stop == "crash":
+        crash = tally.crash
+        where = f" on id {crash['id']!r}" if crash["id"] is not None else ""
+        return [f"redrive: internal error{where}: {redact(crash['error'])[:300]}; the traceback is in "
+                f"{cfg.state_dir / 'crash.log'}; nothing was lost: rerun to resume, and please report it"]
     return []
 
 
@@ -2077,6 +2552,7 @@ def build_parser() -> Parser:
     run.add_argument("--report", type=Path, metavar="FILE", help="write report.json to FILE too")
     run.add_argument("--fsync", action="store_true", help="fsync each record before the next step")
     run.add_argument("--allow-config-change", action="store_true", help="accept a request unlike run.json's")
+    run.add_argument("--retry-unsafe", action="store_true", help="retry POST/PATCH that may have been processed")
     run.add_argument("--check", action="store_true", help="no network: reconcile IDS_FILE and the state")
     run.add_argument("-q", "--quiet", action="store_true", help="print nothing unless the exit code is not 0")
     run.add_argument("--version", action="version", version=f"redrive {__version__}")
@@ -2112,6 +2588,7 @@ def config_from_args(args, environ, record: Optional[dict]) -> Config:
         fatal=fatal, retry=retry, skip=skip, max_bytes=args.max_bytes,
         retry_unavailable=args.retry_unavailable, max_time=args.max_time, quiet=args.quiet,
         fsync=args.fsync, demo=args.demo, report=args.report, allow_config_change=args.allow_config_change,
+        retry_unsafe=args.retry_unsafe,
         secrets=tuple(v for _, v, _ in headers) + tuple(env_values(f"{url_spec} {args.data}", environ)))
 
 
@@ -2188,6 +2665,7 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
                     tally = batch.run()
                 finally:
                     progress.clear()
+                    batch.wake.close()
         finally:
             ledger.close()
         report = build_report(ids, duplicates, state, tally, cfg, fx.clock() - started, redact)
@@ -2198,12 +2676,88 @@ def finish(report: dict, tally: Tally, cfg: Config, redact: Redactor, err) -> Ex
     """Write report.json (and --report), print the summary, return the exit code."""
     code = exit_code(report)
     report["exit_code"] = int(code)
+    if tally.crash:
+        report["crash"] = {"id": tally.crash["id"], "error": redact(tally.crash["error"]), "log": "crash.log"}
+        write_crash_log(cfg.state_dir / "crash.log", tally.crash["id"], tally.crash["traceback"], redact)
     text = json.dumps(report, indent=1, ensure_ascii=False) + "\n"
     for path in filter(None, (cfg.state_dir / "report.json", cfg.report)):
         write_atomically(path, text)
     if code != ExitCode.OK or not cfg.quiet:
         print("\n".join(stop_lines(tally, cfg, redact) + summarize(report)), file=err, flush=True)
     return code
+
+
+def write_crash_log(path: Path, item_id: Optional[str], trace: str, redact: Redactor) -> None:
+    """The traceback of a bug, for a bug report: never a secret in it."""
+    text = f"redrive {__version__}, Python {sys.version.split()[0]}, {iso(time.time())}\nid: {item_id!r}\n{trace}"
+    try:
+        path.write_text(redact(text), encoding="utf-8")
+    except OSError:
+        pass  # the one-line message still says what happened
+
+
+def crash_exit(exc: BaseException, state_dir: Optional[Path], err) -> ExitCode:
+    """A bug outside the batch (starting or reporting): one line, the traceback in a file, exit 70."""
+    trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    folder = state_dir if state_dir is not None and state_dir.is_dir() else Path(tempfile.gettempdir())
+    path = folder / ("crash.log" if folder == state_dir else f"redrive-crash-{os.getpid()}.log")
+    write_crash_log(path, None, trace, Redactor(()))
+    print(f"redrive: internal error: {type(exc).__name__}: {str(exc)[:200]}; the traceback is in {path}; "
+          "please report it", file=err)
+    return ExitCode.SOFTWARE
+
+
+class SafeStream:
+    """An output stream whose failure never stops the work: with a closed
+    stderr, or a reader gone away (`redrive ... 2>&1 | head -1`), redrive
+    goes quiet and the crawl goes on to its normal end and exit code."""
+
+    def __init__(self, stream):
+        self.stream, self.dead = stream, stream is None
+
+    def write(self, text: str) -> int:
+        self._do(lambda: self.stream.write(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self._do(self.stream.flush)
+
+    def isatty(self) -> bool:
+        try:
+            return not self.dead and self.stream.isatty()
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    def _do(self, action) -> None:
+        if self.dead:
+            return
+        try:
+            action()
+        except (OSError, ValueError):
+            self.dead = True
+            self._silence()
+
+    def _silence(self) -> None:
+        """Point the dead descriptor at /dev/null: Python's own flush at exit then fails no more."""
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, self.stream.fileno())
+            os.close(null)
+        except (OSError, ValueError, AttributeError):
+            pass  # not a file (a test's StringIO): nothing to silence
+
+
+def reserve_standard_fds() -> None:
+    """Put /dev/null on a closed stdin, stdout or stderr (`2>&-`), so that no
+    state file is ever opened as descriptor 2 and written to by a message."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
 
 
 def secret_query_values(url: str) -> list:
@@ -2214,16 +2768,19 @@ def secret_query_values(url: str) -> list:
 
 def main(argv=None, *, fx: Effects = Effects(), err=None, out=None, environ=None) -> int:
     """The command line: parse, run, map every user error to its exit code."""
-    err = err or sys.stderr
+    if err is None:
+        reserve_standard_fds()
+    err = SafeStream(err or sys.stderr)
     environ = os.environ if environ is None else environ
-    server = None
+    server, state_dir = None, None
     try:
         try:
             args = build_parser().parse_args(argv)
         except SystemExit as exc:  # --help and --version
             return int(exc.code or 0)
+        state_dir = default_state_dir(args)
         if args.check:
-            return int(check(args.ids_file, default_state_dir(args), args.quiet, out or sys.stdout))
+            return int(check(args.ids_file, state_dir, args.quiet, SafeStream(out or sys.stdout)))
         cfg = config_from_args(args, environ, read_run_record(default_state_dir(args)))
         if cfg.demo:
             server, cfg = demo_config(cfg)
@@ -2234,6 +2791,8 @@ def main(argv=None, *, fx: Effects = Effects(), err=None, out=None, environ=None
     except KeyboardInterrupt:
         print("redrive: interrupted while starting; rerun the same command", file=err)
         return int(ExitCode.INTERRUPTED)
+    except Exception as exc:  # a bug: never a traceback on the terminal
+        return int(crash_exit(exc, state_dir, err))
     finally:
         if server is not None:
             server.shutdown()

@@ -460,7 +460,8 @@ def test_tries_cap_then_pass_two_redrives_only_failures(server, tmp_path):
     assert server.hits == Counter({"ok1": 1, "flaky": 3, "ok2": 1})
     [failed] = state(tmp_path, "failed.jsonl")
     assert failed == {"id": "flaky", "pass": 1, "bucket": "retryable", "status": 500,
-                      "error": "500 Internal Server Error", "tries": 2, "at": failed["at"]}
+                      "error": "500 Internal Server Error", "tries": 2, "at": failed["at"], "due": failed["due"]}
+    assert redrive.parse_iso(failed["due"]) - redrive.parse_iso(failed["at"]) == 30.0  # the cool-down
     assert fake.sleeps == [0.75, 30.0]
     assert state(tmp_path, "done.txt") == ["ok1", "ok2", "flaky"]
     assert "pass 2: re-driving" in err and "pass 2: 1 done" in err
@@ -679,7 +680,8 @@ def test_cooldown_counts_from_the_failure_across_runs(server, tmp_path):
     code, err, fake = crawl(server, tmp_path, ["f"], "--tries", "1", "--cooldown", "30", "--max-time", "10", fake=fake)
     assert code == ExitCode.INCOMPLETE and "--max-time" in err
     assert server.hits["f"] == 1
-    assert fake.sleeps == [10.0]
+    assert fake.sleeps == []  # pass two is due after --max-time: the run ends now, it does not wait 10 s
+    assert "nothing is due before 2023-11-14T22:30:30.000000Z" in err  # the failure's time + 30 s
     later = FakeTime()
     later.now += 12  # the rerun starts 12 s after the failure: 18 s of cool-down remain
     code, _, later = crawl(server, tmp_path, ["f"], "--tries", "1", "--cooldown", "30", fake=later)
@@ -1284,7 +1286,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(item=IDS)
     def succeed(self, item):
         if self.pending(item):
-            self.ledger.success(item, self.result(item))
+            self.ledger.success(item, json.dumps(self.result(item)))
             self.done.append(item)
             self.last_file = "done.txt"
 
