@@ -1514,6 +1514,8 @@ def fetch(session: GuardedSession, item_id: str, cfg: Config, redact: Redactor,
         return Outcome(bucket, error=reason, unreached=phase is Phase.REQUEST and never_connected(exc))
     finally:
         session.watchdog.end(attempt)
+    if attempt.expired:  # cut mid-headers, http.client may take what came as a whole answer
+        return Outcome(Bucket.RETRYABLE, error=transport_failure(AttemptTimeout(), phase, cfg.timeout)[1])
     if raw is None and bucket is Bucket.OK:
         return Outcome(Bucket.SKIP, resp.status_code, f"body over {cfg.max_bytes} bytes")
     return interpret(resp, raw or b"", bucket, cfg, redact, now())

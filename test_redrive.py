@@ -3,6 +3,7 @@ subprocesses and signals; the clock, the sleep and the randomness injected."""
 
 import base64
 import email.utils
+import gzip
 import io
 import json
 import os
@@ -10,10 +11,12 @@ import re
 import signal
 import socket
 import ssl
+import struct
 import subprocess
 import sys
 import threading
 import time
+import zlib
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -143,6 +146,113 @@ def server():
 def no_proxy(monkeypatch):
     for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
         monkeypatch.delenv(name, raising=False)
+
+
+class RawServer:
+    """An HTTP/1.1 server on a raw socket: each id's replies are scripts of
+    bytes and socket actions, so it can cut, reset, stall, drip, mis-frame and
+    mis-encode an answer byte for byte. A script is a list of steps: bytes to
+    send, "close", "reset" (an RST), ("sleep", s) or ("drip", bytes, s a byte);
+    or a callable (item, hit) -> such a list. The last script of an id repeats."""
+
+    def __init__(self):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.template = self.base + "/items/{id}"
+        self.replies, self.hits, self.requests = {}, Counter(), []
+        self.lock = threading.Lock()
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return  # closed: the test is over
+            threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
+
+    def handle(self, conn):
+        buffer = b""
+        try:
+            with conn:
+                while True:
+                    while b"\r\n\r\n" not in buffer:
+                        data = conn.recv(65536)
+                        if not data:
+                            return
+                        buffer += data
+                    head, _, buffer = buffer.partition(b"\r\n\r\n")
+                    length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
+                    while length and len(buffer) < int(length.group(1)):
+                        buffer += conn.recv(65536)
+                    buffer = buffer[int(length.group(1)):] if length else buffer
+                    if not self.play(conn, self.script_for(head.decode("latin-1"))):
+                        return
+        except OSError:
+            pass  # the client gave up, as it should
+
+    def script_for(self, head):
+        path = head.split(" ", 2)[1]
+        item = unquote(path.split("?")[0].rsplit("/", 1)[-1])
+        with self.lock:
+            self.hits[item] += 1
+            self.requests.append(head)
+            scripts = self.replies.get(item, [ok_answer])
+            script = scripts[min(self.hits[item], len(scripts)) - 1]
+        return script(item, self.hits[item]) if callable(script) else script
+
+    def play(self, conn, script):
+        """Send a script; False when it ended the connection."""
+        for step in script:
+            if isinstance(step, bytes):
+                conn.sendall(step)
+            elif step == "close":
+                return False
+            elif step == "reset":
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                return False
+            elif step[0] == "sleep":
+                time.sleep(step[1])
+            elif step[0] == "drip":
+                for byte in step[1]:
+                    conn.sendall(bytes([byte]))
+                    time.sleep(step[2])
+        return True
+
+    def close(self):
+        self.sock.close()
+
+
+def answer(status=200, body=b"", headers=(), length=True):
+    """The bytes of one answer; a Content-Length unless told otherwise or chunked."""
+    reason = {200: "OK", 302: "Found", 404: "Not Found"}.get(status, "Whatever")
+    lines = [f"HTTP/1.1 {status} {reason}", *(f"{name}: {value}" for name, value in headers)]
+    if length and not any(name.lower() in ("content-length", "transfer-encoding") for name, _ in headers):
+        lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def ok_answer(item, hit):
+    return [answer(200, json.dumps({"id": item}).encode(), [("Content-Type", "application/json")])]
+
+
+def gzipped(data):
+    return gzip.compress(data, compresslevel=9)
+
+
+def zero_bomb(size, wbits):
+    """size zero bytes, compressed (gzip: wbits 31; zlib deflate: 15): about size / 1000 on the wire."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, wbits)
+    block = bytes(1 << 20)
+    return b"".join(packer.compress(block) for _ in range(size >> 20)) + packer.flush()
+
+
+@pytest.fixture
+def raw_server():
+    srv = RawServer()
+    yield srv
+    srv.close()
 
 
 # ---------------------------------------------------------------- helpers
@@ -1247,7 +1357,7 @@ def test_kill_9_at_many_points_then_rerun_loses_and_duplicates_nothing(server, t
 # run can make, a kill between a result and its done line, and a kill in the
 # middle of any line; after each restart the files must match the model.
 
-from hypothesis import settings, strategies as st  # noqa: E402
+from hypothesis import given, settings, strategies as st  # noqa: E402
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule  # noqa: E402
 
 IDS = st.sampled_from(["a", "b", "c", "d", "é-ü", "with space", "x" * 300])
@@ -1634,3 +1744,171 @@ def test_a_throttle_during_a_pause_is_already_answered_and_the_rate_counts_only_
     rate = host.rate
     host.throttled(2.8, wait=1.0)
     assert host.rate == pytest.approx(0.9 * min(rate, 30 / 0.6))
+
+
+# ------------------------------------------------- faults at the socket level
+
+JSON = [("Content-Type", "application/json")]
+CHUNKED = [("Transfer-Encoding", "chunked")]
+BOMB = 64 << 20  #: 64 MiB of zeros, about 64 KB on the wire
+
+#: (fault, the server's script, bucket, reason): every row through main(),
+#: --tries 2, --passes 1, --timeout 0.3, --max-bytes 1000000.
+FAULTS = [
+    ("reset before the status line", ["reset"], "retryable", "connection dropped before the answer"),
+    ("closed before the status line", ["close"], "retryable", "connection dropped before the answer"),
+    ("a status line that is not HTTP", [b"SSH-2.0-OpenSSH_9.6\r\n", "close"], "retryable", "not an HTTP answer"),
+    ("garbage bytes", [b"\x00\xff\x13\x10garbage\r\n\r\n", "close"], "retryable", "not an HTTP answer"),
+    ("a body with no status line", [b'{"id": "x"}', "close"], "retryable", "not an HTTP answer"),
+    ("an empty status line", [b"HTTP/1.1 \r\n\r\n", "close"], "retryable", "not an HTTP answer"),
+    ("body cut short of Content-Length", [answer(200, headers=[("Content-Length", "30")]) + b"0123456789", "close"],
+     "retryable", "connection dropped mid-body"),
+    ("chunked body cut short", [answer(200, headers=CHUNKED) + b"a\r\n0123456789\r\n5\r\nab", "close"],
+     "retryable", "connection dropped mid-body"),
+    ("broken chunk framing", [answer(200, headers=CHUNKED) + b"zz\r\n0123\r\n0\r\n\r\n", "close"],
+     "retryable", "broken chunked encoding"),
+    ("gzip that is not gzip", [answer(200, b"plain text", [("Content-Encoding", "gzip")])],
+     "retryable", "undecodable body (gzip)"),
+    ("gzip cut short", [answer(200, gzipped(b'{"id": "x", "pad": "' + b"y" * 500 + b'"}')[:-12],
+                               [("Content-Encoding", "gzip")])], "retryable", "undecodable body (gzip)"),
+    ("an encoding never asked for", [answer(200, b"\x1b\x00", [("Content-Encoding", "br")])],
+     "retryable", "undecodable body (br)"),
+    ("a stall mid-body", [answer(200, headers=[("Content-Length", "100")]) + b"0123456789", ("sleep", 1.5)],
+     "retryable", "timeout after 0.3 s"),
+    ("headers dripped a byte at a time", [("drip", b"HTTP/1.1 200 OK\r\nX-Slow: " + b"s" * 60, 0.02)],
+     "retryable", "timeout after 0.3 s"),
+    ("a status line dripped", [("drip", b"HTTP/1.1 200 Taking my time " + b"." * 60, 0.02)],
+     "retryable", "timeout after 0.3 s"),
+    ("a gzip bomb", [answer(200, zero_bomb(BOMB, 31), [("Content-Encoding", "gzip")])],
+     "skip", "body over 1000000 bytes"),
+    ("a deflate bomb", [answer(200, zero_bomb(BOMB, 15), [("Content-Encoding", "deflate")])],
+     "skip", "body over 1000000 bytes"),
+    ("a redirect loop", lambda item, hit: [answer(302, headers=[("Location", f"/items/{item}")])],
+     "skip", "too many redirects"),
+    ("a redirect without Location", [answer(302)], "skip", "302 Found (a redirect without a Location)"),
+    ("a redirect to file:", [answer(302, headers=[("Location", "file:///etc/passwd")])],
+     "skip", "redirect to an unsupported URL"),
+    ("a redirect to ftp:", [answer(302, headers=[("Location", "ftp://127.0.0.1/x")])],
+     "skip", "redirect to an unsupported URL"),
+    ("a redirect to a broken URL", [answer(302, headers=[("Location", "http://[::1/x")])],
+     "skip", "redirect to an unsupported URL"),
+    ("more than 100 headers", [answer(200, b"{}", [(f"X-H{i}", "v") for i in range(120)])],
+     "skip", "an answer with more than 100 headers"),
+    ("a header line over 64 KiB", [answer(200, b"{}", [("X-Big", "v" * 70000)])],
+     "skip", "an answer with a header line over 64 KiB"),
+    ("more interim answers than any server sends", [b"HTTP/1.1 103 Early Hints\r\n\r\n" * 20 + answer(200, b"{}")],
+     "retryable", "not an HTTP answer"),
+    ("a final 101", [answer(101, headers=[("Upgrade", "nothing")], length=False)], "skip", "101 Switching Protocols"),
+    ("a status nobody defined", [answer(999, b"?")], "skip", "HTTP 999"),
+    ("a 2xx with an invalid JSON body", [answer(200, b'{"id": ', JSON)], "retryable", "invalid JSON"),
+]
+
+
+@pytest.mark.parametrize("fault, script, bucket, reason", FAULTS, ids=[row[0] for row in FAULTS])
+def test_every_fault_is_an_outcome_with_its_bucket_and_reason(raw_server, tmp_path, fault, script, bucket, reason):
+    raw_server.replies["x"] = [script]
+    raw_server.replies["after"] = [ok_answer]  # the run goes on after the fault
+    code, err, _ = crawl(raw_server, tmp_path, ["x", "after"], "--tries", "2", "--passes", "1", "--timeout", "0.3",
+                         "--max-bytes", "1000000")
+    assert code == ExitCode.OK and "Traceback" not in err
+    [record] = state(tmp_path, "unavailable.jsonl")
+    assert (record["id"], record["bucket"], record["reason"]) == ("x", bucket, reason)
+    assert record["action"]
+    assert state(tmp_path, "done.txt") == ["after"]
+    if bucket == "retryable":
+        assert [f["error"] for f in state(tmp_path, "failed.jsonl")] == [reason]
+        assert record["tries"] == 2
+    else:
+        assert record["tries"] == 1 and state(tmp_path, "failed.jsonl") == []
+
+
+#: (what the server sends, what results.jsonl holds as the body): odd but usable answers.
+ODD_ANSWERS = [
+    (answer(200, b'{"a": NaN, "b": 1e999}', JSON), '{"a": NaN, "b": 1e999}'),
+    (answer(200, b"[" * 100000 + b"]" * 100000, JSON), "[" * 100000 + "]" * 100000),
+    (answer(200, b'{"s": "\\ud800"}', JSON), {"s": "\ud800"}),
+    (answer(200, b"caf\xe9", [("Content-Type", "text/plain; charset=no-such-charset")]), "caf\ufffd"),
+    (answer(200, b"caf\xe9", [("Content-Type", "text/plain; charset=idna")]), "caf\ufffd"),
+    (answer(200, b"caf\xe9", [("Content-Type", "text/plain; charset=latin-1")]), "caf\xe9"),
+    (answer(200, b"hello", [("Content-Length", "abc")]), "hello"),  # unframed: read to the close
+    (b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\n" + answer(200, b'{"id": "x"}', JSON), {"id": "x"}),
+    (answer(200, gzipped(b'{"id": "x"}') + gzipped(b""), JSON + [("Content-Encoding", "gzip")]), {"id": "x"}),
+    (answer(200, zlib.compress(b'{"id": "x"}')[2:-4], JSON + [("Content-Encoding", "deflate")]), {"id": "x"}),
+    (answer(200, b'{"id": "x"}', JSON + [("Content-Encoding", "identity")]), {"id": "x"}),
+]
+
+
+@pytest.mark.parametrize("sent, stored", ODD_ANSWERS, ids=range(len(ODD_ANSWERS)))
+def test_odd_but_usable_answers_are_stored_as_strict_json(raw_server, tmp_path, sent, stored):
+    raw_server.replies["x"] = [[sent, "close"]]
+    code, err, _ = crawl(raw_server, tmp_path, ["x"], "--timeout", "2")
+    assert code == ExitCode.OK and "Traceback" not in err, err
+    line = (tmp_path / "ids.redrive" / "results.jsonl").read_text(encoding="utf-8")
+    record = json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} in results.jsonl"))
+    assert record["body"] == stored
+
+
+def test_a_tls_handshake_with_a_plain_http_server_is_a_tls_error(server, tmp_path):
+    ids = write_ids(tmp_path, ["x"])
+    url = f"https://127.0.0.1:{server.server_address[1]}/items/{{id}}"
+    code, err, _ = run_cli([ids, "--url", url, "--timeout", "2"])
+    [record] = state(tmp_path, "unavailable.jsonl")
+    assert code == ExitCode.OK and record["reason"] == "TLS error (certificate or handshake)"
+
+
+def test_early_hints_never_put_one_ids_body_under_another(raw_server, tmp_path):
+    hints = b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"
+    raw_server.replies.update({f"e{i}": [lambda item, hit: [hints, ("sleep", 0.005)] + ok_answer(item, hit)]
+                               for i in range(60)})  # keep-alive: the connection serves id after id
+    code, err, _ = crawl(raw_server, tmp_path, [f"e{i}" for i in range(60)], "--concurrency", "4")
+    assert code == ExitCode.OK, err
+    results = state(tmp_path, "results.jsonl")
+    assert len(results) == 60 and all(r["body"] == {"id": r["id"]} for r in results)
+
+
+@given(status=st.sampled_from([b"HTTP/1.1 200 OK", b"HTTP/1.0 204 No Content", b"HTTP/1.1 301 Moved", b"HTTP/1.1 429 x",
+                               b"HTTP/1.1 103 Early", b"HTTP/1.1 99 low", b"HTTP/2 200", b"HTTP/1.1 200", b"HTTP/1.1 1000 x",
+                               b"HTTP/1.1 401 no", b"HTTP/1.1 503 busy"]) | st.binary(max_size=40),
+       headers=st.lists(st.tuples(st.sampled_from([b"Content-Type", b"Content-Encoding", b"Content-Length",
+                                                   b"Transfer-Encoding", b"Retry-After", b"Location", b"Set-Cookie",
+                                                   b"X-Any"]) | st.binary(min_size=1, max_size=10),
+                                  st.sampled_from([b"application/json; charset=utf-16", b"text/html; charset=x-bogus",
+                                                   b"gzip", b"deflate, gzip", b"chunked", b"-1", b"99999", b"0",
+                                                   b"Fri, 31 Dec 9999 23:59:59 GMT", b"1e11", b"\xb2", b"file:///x",
+                                                   b"//[::1", b"a=b; Max-Age=x"]) | st.binary(max_size=30)),
+                        max_size=6),
+       body=st.binary(max_size=200) | st.sampled_from([b'{"a": NaN}', b"[" * 5000, b"\x1f\x8b\x08\x00", b"0\r\n\r\n"]))
+@settings(max_examples=150, deadline=None)
+def test_no_answer_a_server_can_send_escapes_the_attempt(fuzz_server, status, headers, body):
+    """Whatever the bytes, fetch returns an Outcome: it never raises."""
+    head = b"\r\n".join([status, *(name + b": " + value for name, value in headers)])
+    fuzz_server.replies["x"] = [[head + b"\r\n\r\n" + body, "close"]]
+    cfg = Config(Path("ids.txt"), Path("state"), url=fuzz_server.template, timeout=0.5, max_bytes=100000)
+    session = redrive.make_session(cfg, redrive.HostSettings(), fuzz_server.watchdog)
+    outcome = redrive.fetch(session, "x", cfg, redrive.Redactor(()), time.time)
+    assert isinstance(outcome.bucket, Bucket) and isinstance(outcome.error, str)
+    if outcome.bucket is Bucket.OK:
+        json.loads(outcome.body, parse_constant=lambda name: pytest.fail(name))
+
+
+@pytest.fixture(scope="module")
+def fuzz_server():
+    srv = RawServer()
+    srv.watchdog = redrive.Watchdog()
+    yield srv
+    srv.watchdog.close()
+    srv.close()
+
+
+def test_a_batch_mixing_every_fault_settles_every_id_in_a_real_process(raw_server, tmp_path):
+    ids = [f"{n}-{i}" for n, _ in enumerate(FAULTS) for i in range(2)] + [f"ok-{i}" for i in range(20)]
+    for item in ids:
+        number = item.split("-")[0]
+        raw_server.replies[item] = [FAULTS[int(number)][1]] if number != "ok" else [ok_answer]
+    cmd = redrive_cmd(write_ids(tmp_path, ids), "--url", raw_server.template, "--concurrency", "8", "--timeout", "0.3",
+                      "--tries", "2", "--backoff", "0.01", "--max-backoff", "0.02", "--cooldown", "0.05",
+                      "--max-bytes", "1000000")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    done, unavailable = set(state(tmp_path, "done.txt")), {r["id"] for r in state(tmp_path, "unavailable.jsonl")}
+    assert done == {i for i in ids if i.startswith("ok")} and unavailable == set(ids) - done
