@@ -1689,10 +1689,9 @@ class Wake:
     def wait(self, seconds: Optional[float]) -> None:
         try:
             select.select([self.reader], [], [], bounded_wait(seconds))
-            while self.reader.recv(4096):
-                pass
+            self.reader.recv(65536)  # once: wake-ups that keep coming must not keep it here
         except OSError:
-            pass  # drained (BlockingIOError), or closed
+            pass  # nothing to read (BlockingIOError), or closed
 
     def close(self) -> None:
         self.reader.close()
@@ -1923,14 +1922,17 @@ class Batch:
         session = make_session(self.cfg, self.host_settings, self.watchdog)
         item = self.jobs.get()
         while item is not None:
+            fetched = False
             try:
                 outcome = fetch(session, item.id, self.cfg, self.redact, self.fx.wallclock)
                 with self.lock:  # the ledger's lines go out in the order they are settled
+                    fetched = True
                     item = self._finish(item, outcome)
             except RedriveError as exc:
                 self.failure, item = exc, None
             except Exception as exc:
                 with self.lock:
+                    self.inflight -= not fetched  # _finish counts it out itself
                     self.crashed(exc, item)
                 item = None
             if item is None:

@@ -1775,9 +1775,9 @@ FAULTS = [
      "retryable", "undecodable body (br)"),
     ("a stall mid-body", [answer(200, headers=[("Content-Length", "100")]) + b"0123456789", ("sleep", 1.5)],
      "retryable", "timeout after 0.3 s"),
-    ("headers dripped a byte at a time", [("drip", b"HTTP/1.1 200 OK\r\nX-Slow: " + b"s" * 60, 0.02)],
-     "retryable", "timeout after 0.3 s"),
-    ("a status line dripped", [("drip", b"HTTP/1.1 200 Taking my time " + b"." * 60, 0.02)],
+    ("headers dripped a byte at a time", [("drip", b"HTTP/1.1 200 OK\r\nX-Slow: " + b"s" * 60, 0.02), "close"],
+     "retryable", "timeout after 0.3 s"),  # each byte in time for a read timeout: only the whole attempt's cuts it
+    ("a status line dripped", [("drip", b"HTTP/1.1 200 Taking my time " + b"." * 60, 0.02), "close"],
      "retryable", "timeout after 0.3 s"),
     ("a gzip bomb", [answer(200, zero_bomb(BOMB, 31), [("Content-Encoding", "gzip")])],
      "skip", "body over 1000000 bytes"),
@@ -1912,3 +1912,121 @@ def test_a_batch_mixing_every_fault_settles_every_id_in_a_real_process(raw_serve
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     done, unavailable = set(state(tmp_path, "done.txt")), {r["id"] for r in state(tmp_path, "unavailable.jsonl")}
     assert done == {i for i in ids if i.startswith("ok")} and unavailable == set(ids) - done
+
+
+def test_a_redirect_whose_body_is_a_gzip_bomb_is_not_read(raw_server, tmp_path):
+    bomb = zero_bomb(256 << 20, 31)  # 256 MiB decoded, 256 KB on the wire
+    raw_server.replies["r"] = [[answer(302, bomb, [("Location", "/items/target"), ("Content-Encoding", "gzip")])]]
+    errors = tmp_path / "stderr.txt"
+    with open(errors, "w") as fh:
+        proc = subprocess.Popen(redrive_cmd(write_ids(tmp_path, ["r"]), "--url", raw_server.template), stderr=fh)
+        _, status, usage = os.wait4(proc.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0 and "Traceback" not in errors.read_text()
+    assert usage.ru_maxrss < 120 * 1024  # KiB: a fraction of the 256 MiB that reading the redirect's body costs
+    [result] = state(tmp_path, "results.jsonl")
+    assert result["final_url"].endswith("/items/target") and result["body"] == {"id": "target"}
+
+
+@pytest.mark.parametrize("value", ["100000000000", "Fri, 31 Dec 9999 23:59:59 GMT", "86400"])
+def test_a_retry_after_past_the_runs_reach_ends_the_run_and_says_when_to_rerun(server, tmp_path, value):
+    server.replies["t"] = [(429, b"", {"Retry-After": value})]
+    code, err, fake = crawl(server, tmp_path, ["t", "ok"], "-q")
+    assert code == ExitCode.INCOMPLETE
+    assert fake.sleeps == [60.0]  # "ok" waits out the host's pause, capped at --max-backoff; nobody waits a day
+    [failed] = state(tmp_path, "failed.jsonl")
+    assert failed["retry_after"] == redrive.MAX_RETRY_AFTER == 86400.0
+    assert redrive.parse_iso(failed["due"]) - redrive.parse_iso(failed["at"]) == 86400.0
+    assert f"nothing is due before {failed['due']}" in err and "rerun the same command after then" in err
+    assert state(tmp_path, "done.txt") == ["ok"]
+
+
+def test_a_retry_after_in_the_year_9999_ends_a_real_quiet_run(server, tmp_path):
+    server.replies["t"] = [(503, b"", {"Retry-After": "Fri, 31 Dec 9999 23:59:59 GMT"})]
+    cmd = redrive_cmd(write_ids(tmp_path, ["t"]), "--url", server.template, "-q")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and "nothing is due before" in proc.stderr
+
+
+@pytest.mark.parametrize("given, bounded", [
+    (None, 1.0), (0.0, 0.001), (-5.0, 0.001), (1e-9, 0.001), (1e-6, 0.001), (0.25, 0.25), (1e300, 1.0),
+    (float("inf"), 1.0), (float("nan"), 1.0)])
+def test_bounded_wait_never_rounds_to_nothing_nor_runs_away(given, bounded):
+    assert redrive.bounded_wait(given) == bounded
+
+
+def test_every_wait_of_the_run_loop_wakes_whatever_its_timeout_and_load():
+    wake, stop, finished = redrive.Wake(), threading.Event(), []
+
+    def busy():  # GIL pressure and a stream of wake-ups, as workers give
+        while not stop.is_set():
+            wake.set()
+            sum(range(2000))
+            time.sleep(0.0001)
+
+    def waits():
+        timeouts = [1e-9, 1e-6, 0.0, -1.0, float("nan"), None, 1e300, float("inf"), 2e-3]
+        for n in range(5000):
+            wake.wait(timeouts[n % len(timeouts)])
+        finished.append(n + 1)
+
+    workers = [threading.Thread(target=busy, daemon=True) for _ in range(4)]
+    waiter = threading.Thread(target=waits, daemon=True)
+    for thread in [*workers, waiter]:
+        thread.start()
+    waiter.join(30)
+    stop.set()
+    assert finished == [5000], "a wait hung or raised"
+    wake.close()
+
+
+def run_in_thread(function, limit=15.0):
+    """function() in a thread that must end within limit seconds: a hang fails the test."""
+    result = []
+    thread = threading.Thread(target=lambda: result.append(function()), daemon=True)
+    thread.start()
+    thread.join(limit)
+    assert not thread.is_alive(), "the run hung"
+    return result[0]
+
+
+def test_a_bug_while_handling_one_id_stops_with_70_and_keeps_the_state(server, tmp_path, monkeypatch):
+    real = redrive.interpret
+
+    def buggy(resp, raw, *args):
+        if resp.url.endswith("/items/i77"):
+            raise KeyError("a bug")
+        return real(resp, raw, *args)
+
+    monkeypatch.setattr(redrive, "interpret", buggy)
+    ids = [f"i{n}" for n in range(400)]
+    code, err, _ = run_in_thread(lambda: crawl(server, tmp_path, ids, "--concurrency", "32", "--tries", "1"))
+    assert code == ExitCode.SOFTWARE == 70
+    [line] = [line for line in err.splitlines() if line.startswith("redrive: internal error")]
+    assert "on id 'i77': KeyError: 'a bug'" in line and "crash.log" in line and "Traceback" not in err
+    sdir = tmp_path / "ids.redrive"
+    assert "Traceback" in (sdir / "crash.log").read_text() and "KeyError" in (sdir / "crash.log").read_text()
+    report = json.loads((sdir / "report.json").read_text())
+    assert report["stop"] == "crash" and report["exit_code"] == 70 and report["crash"]["id"] == "i77"
+    check_any_moment_invariants(sdir)
+    settled = set(state(tmp_path, "done.txt")) | {r["id"] for r in state(tmp_path, "failed.jsonl")}
+    assert "i77" not in settled and len(settled) < 400  # left pending, and the run stopped starting requests
+    monkeypatch.undo()  # the bug fixed, a rerun finishes the batch
+    assert redrive.main([str(tmp_path / "ids.txt"), "--url", server.template], err=io.StringIO()) == 0
+    assert sorted(state(tmp_path, "done.txt")) == sorted(ids)
+
+
+def test_a_bug_in_the_main_loop_is_exit_70_with_a_report(server, tmp_path, monkeypatch):
+    monkeypatch.setattr(redrive.Progress, "tick", lambda self, batch: 1 / 0)
+    code, err, _ = run_in_thread(lambda: crawl(server, tmp_path, ["a", "b"]))
+    assert code == 70 and "internal error: ZeroDivisionError" in err and "Traceback" not in err
+    assert json.loads((tmp_path / "ids.redrive" / "report.json").read_text())["stop"] == "crash"
+
+
+def test_a_bug_outside_the_batch_is_one_line_and_exit_70(server, tmp_path, monkeypatch):
+    monkeypatch.setattr(redrive, "build_report", lambda *args: {}["missing"])
+    code, err, _ = crawl(server, tmp_path, ["a"])
+    assert code == 70
+    [line] = [line for line in err.splitlines() if "internal error" in line]
+    assert "KeyError" in line and "Traceback" not in err
+    assert "Traceback" in (tmp_path / "ids.redrive" / "crash.log").read_text()
+    assert state(tmp_path, "done.txt") == ["a"]
