@@ -2724,7 +2724,7 @@ class SafeStream:
         return len(text)
 
     def flush(self) -> None:
-        self._do(self.stream.flush)
+        self._do(lambda: self.stream.flush())
 
     def isatty(self) -> bool:
         try:

@@ -46,6 +46,8 @@ class Handler(BaseHTTPRequestHandler):
             self.server.bodies.append(body)
         self.do_GET()
 
+    do_PUT = do_PATCH = do_POST
+
     def do_HEAD(self):
         self.do_GET()
 
@@ -2030,3 +2032,112 @@ def test_a_bug_outside_the_batch_is_one_line_and_exit_70(server, tmp_path, monke
     assert "KeyError" in line and "Traceback" not in err
     assert "Traceback" in (tmp_path / "ids.redrive" / "crash.log").read_text()
     assert state(tmp_path, "done.txt") == ["a"]
+
+
+def test_a_post_that_may_have_been_processed_is_not_sent_again(server, tmp_path):
+    server.replies.update({"p500": [500, 200], "pempty": [(200, b"", {}), 200], "pdrop": ["drop", 200],
+                           "p503": [503, 200], "p429": [(429, b"", {"Retry-After": "1"}), 200]})
+    ids = ["p500", "pempty", "pdrop", "p503", "p429"]
+    code, err, _ = crawl(server, tmp_path, ids, "--method", "POST", "--data", '{"id": "{id}"}')
+    assert code == ExitCode.OK
+    unavailable = {r["id"]: r for r in state(tmp_path, "unavailable.jsonl")}
+    assert set(unavailable) == {"p500", "pempty", "pdrop"} and state(tmp_path, "failed.jsonl") == []
+    assert unavailable["p500"]["reason"] == "may have been processed (500 Internal Server Error)"
+    assert unavailable["pdrop"]["reason"] == "may have been processed (connection dropped before the answer)"
+    assert "--retry-unsafe --retry-unavailable" in unavailable["pempty"]["action"]
+    assert server.hits == Counter({"p500": 1, "pempty": 1, "pdrop": 1, "p503": 2, "p429": 2})
+
+
+def test_retry_unsafe_retries_a_post_like_any_request(server, tmp_path):
+    server.replies.update({"p500": [500, 200], "pdrop": ["drop", 200]})
+    code, _, _ = crawl(server, tmp_path, ["p500", "pdrop"], "--method", "PATCH", "--data", "x={id}", "--retry-unsafe")
+    assert code == ExitCode.OK and server.hits == Counter({"p500": 2, "pdrop": 2})
+    assert sorted(state(tmp_path, "done.txt")) == ["p500", "pdrop"]
+
+
+def test_a_post_that_never_reached_the_server_is_retried(tmp_path):
+    ids = write_ids(tmp_path, [f"http://127.0.0.1:{closed_port()}/x"])
+    code, _, _ = run_cli([ids, "--method", "POST", "--data", "{id}", "--tries", "2", "--passes", "1"])
+    [record] = state(tmp_path, "unavailable.jsonl")
+    assert code == ExitCode.OK and record["reason"] == "connection refused" and record["tries"] == 2
+
+
+def test_put_and_delete_are_retried_as_before(server, tmp_path):
+    server.replies.update({"a": [500, 200]})
+    assert crawl(server, tmp_path, ["a"], "--method", "PUT", "--data", "{id}")[0] == ExitCode.OK
+    assert server.hits["a"] == 2 and state(tmp_path, "done.txt") == ["a"]
+
+
+def test_a_reader_that_goes_away_never_stops_the_crawl(server, tmp_path):
+    server.replies.update({f"f{i}": [500, 200] for i in range(10)})
+    ids = [f"f{i}" for i in range(10)] + [f"k{i}" for i in range(30)]
+    cmd = redrive_cmd(write_ids(tmp_path, ids), "--url", server.template, "--tries", "1", "--cooldown", "0.3")
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE)
+    proc.stderr.readline()
+    proc.stderr.close()  # as `redrive ... 2>&1 | head -1` does
+    assert proc.wait(timeout=30) == 0
+    assert sorted(state(tmp_path, "done.txt")) == sorted(ids)
+    assert json.loads((tmp_path / "ids.redrive" / "report.json").read_text())["exit_code"] == 0
+
+
+def test_a_closed_stderr_never_stops_the_crawl_nor_reaches_a_state_file(server, tmp_path):
+    server.replies["f"] = [500, 200]
+    cmd = redrive_cmd(write_ids(tmp_path, ["f", "g"]), "--url", server.template, "--tries", "1", "--cooldown", "0.1")
+    proc = subprocess.run(cmd, preexec_fn=lambda: os.close(2), timeout=30)  # `2>&-`
+    assert proc.returncode == 0 and sorted(state(tmp_path, "done.txt")) == ["f", "g"]
+    for name in ("results.jsonl", "failed.jsonl"):
+        assert all(line["id"] in ("f", "g") for line in state(tmp_path, name))  # every line parses: no message in it
+    assert b"redrive" not in (tmp_path / "ids.redrive" / "lock").read_bytes().split(b"\n", 1)[1]
+
+
+def test_a_run_stopped_and_continued_goes_on_to_its_end(server, tmp_path):
+    ids = [f"s{i}" for i in range(60)]
+    server.replies.update({item: [("sleep", 0.02, 200)] for item in ids})
+    cmd = redrive_cmd(write_ids(tmp_path, ids), "--url", server.template, "--concurrency", "2", "-q")
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    wait_for_lines(tmp_path / "ids.redrive" / "done.txt", 5, proc)
+    proc.send_signal(signal.SIGTSTP)  # Ctrl+Z
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGCONT)  # fg
+    assert proc.wait(timeout=30) == 0 and proc.stderr.read() == ""
+    assert sorted(state(tmp_path, "done.txt")) == sorted(ids) and set(server.hits.values()) == {1}
+
+
+def test_a_set_cookie_storm_is_ignored_past_the_bound(raw_server, tmp_path):
+    def storm(item, hit):
+        cookies = [("Set-Cookie", f"c{item}x{k}={'v' * 1000}") for k in range(60)]
+        return [answer(200, json.dumps({"id": item}).encode(), JSON + cookies)]
+
+    ids = [f"c{i}" for i in range(30)]
+    raw_server.replies.update({item: [storm] for item in ids})
+    code, _, _ = crawl(raw_server, tmp_path, ids)
+    sent = [re.search(r"(?im)^cookie: (.*)$", head) for head in raw_server.requests]
+    longest = max(len(found.group(1)) for found in sent if found)
+    assert code == ExitCode.OK and len(state(tmp_path, "done.txt")) == 30
+    assert 10000 < longest <= redrive.MAX_COOKIE_BYTES + 3 * redrive.MAX_COOKIES
+
+
+def test_a_cookie_header_given_by_the_user_survives_a_same_origin_redirect(server, tmp_path):
+    server.replies["r"] = [(302, b"", {"Location": server.base + "/items/target"})]
+    code, _, _ = crawl(server, tmp_path, ["r"], "-H", "Cookie: session=abc")
+    assert code == ExitCode.OK and [h.get("Cookie") for h in server.seen_headers] == ["session=abc"] * 2
+
+
+def test_a_redirect_to_a_dead_host_is_that_ids_problem_not_the_apis(server, tmp_path):
+    dead = f"http://127.0.0.1:{closed_port()}/gone"
+    ids = [f"r{i}" for i in range(8)]
+    server.replies.update({item: [(302, b"", {"Location": dead})] for item in ids})
+    code, err, _ = crawl(server, tmp_path, [*ids, "fine"], "--tries", "1", "--passes", "1")
+    assert code == ExitCode.OK, err  # not 69: the API answered every request
+    assert {r["reason"] for r in state(tmp_path, "unavailable.jsonl")} == {"redirect target: connection refused"}
+    assert state(tmp_path, "done.txt") == ["fine"]
+
+
+def test_a_decompression_bomb_costs_about_max_bytes_of_memory(raw_server, tmp_path):
+    raw_server.replies["b"] = [[answer(200, zero_bomb(256 << 20, 31), JSON + [("Content-Encoding", "gzip")])]]
+    with open(tmp_path / "stderr.txt", "w") as fh:
+        cmd = redrive_cmd(write_ids(tmp_path, ["b"]), "--url", raw_server.template, "--max-bytes", "4000000")
+        _, status, usage = os.wait4(subprocess.Popen(cmd, stderr=fh).pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert usage.ru_maxrss < 70 * 1024  # KiB: redrive's own ~45 MB and a few --max-bytes, not 256 MiB
+    assert state(tmp_path, "unavailable.jsonl")[0]["reason"] == "body over 4000000 bytes"
