@@ -11,11 +11,18 @@ Scenarios (all by default):
   rate-limited   3,000 ids; the server allows 100 requests a second and answers
                  429 with a Retry-After beyond that; concurrency 32, no --rate
   resume         1,000,000 ids of which 999,990 are done already
+  chaos          10,000 ids; every socket-level fault of the tests' FAULTS table
+                 at 1% each (half of the retryable ones recover after one try),
+                 every odd-but-usable answer of ODD_ANSWERS at 1%, and 1%
+                 redirects whose body is a gzip bomb; concurrency 32
   fsync          5,000 ids, no latency: the cost of --fsync against the default
 
 --latency, --concurrency and --limit change those figures; --faults sets the
 flaky mix as KIND=PERCENT pairs, e.g. --faults 500-forever=5,404=10 (kinds:
 429-once 503-twice 500-forever 404 empty-once slow drop-once).
+
+The chaos server is the tests' raw-socket RawServer (test_redrive.py, so pytest
+must be installed), playing the same bytes as the tests, in its own process.
 
 The server runs in its own process on 127.0.0.1, redrive runs as a real
 subprocess, and os.wait4 gives its CPU time and peak memory. A benchmark, not
@@ -374,6 +381,131 @@ def resume(folder, count, opt, left=10):
     show_error(run)
 
 
+# ------------------------------------------------------------------ chaos
+
+CHAOS_OPTIONS = ["--timeout", "0.3", "--max-bytes", "1000000", "--backoff", "0.1", "--max-backoff", "1",
+                 "--cooldown", "2"]
+CHAOS_BACKOFFS = 2 * (0.05 + 0.1 + 0.2 + 0.4) + 2  #: a hopeless retryable id's shortest waits: 2 passes, cool-down
+
+
+def chaos_plan(faults, odd):
+    """100 slots (id number modulo 100): each fault row once, each odd answer once, one redirect bomb.
+    A slot is (kind, row): kind "fault" (hopeless, or recovering after one try on odd hundreds), "odd",
+    "bomb-redirect" or "ok"."""
+    kinds = [("fault", row) for row in range(len(faults))] + [("odd", row) for row in range(len(odd))]
+    kinds.append(("bomb-redirect", 0))
+    slots = [("ok", 0)] * 100
+    for j, kind in enumerate(kinds):
+        slots[(7 + 37 * j) % 100] = kind
+    return slots
+
+
+def chaos_expected(n, slots, faults):
+    """What id i<n> must end as: ("done", None), or ("unavailable", reason); and its cost model:
+    (requests, seconds of one attempt, the shortest chain of waits before it settles)."""
+    kind, row = slots[n % 100]
+    if kind != "fault":
+        return ("done", None), (2 if kind == "bomb-redirect" else 1), 1.0, 0.0
+    _, _, bucket, reason = faults[row]
+    slow = 1.0 + (0.3 / CHAOS_LATENCY if "timeout" in reason else 0.0)  # an attempt, in latencies
+    if reason == "too many redirects":
+        return ("unavailable", reason), 31, 0.1, 0.0  # its hops answer at once (see chaos_serve)
+    if bucket == "skip":
+        return ("unavailable", reason), 1, slow, 0.0
+    if (n // 100) % 2:
+        return ("done", None), 2, (slow + 1) / 2, 0.05
+    return ("unavailable", reason), 10, slow, CHAOS_BACKOFFS
+
+
+CHAOS_LATENCY = 0.020
+
+
+def chaos_serve(port_queue, count, latency):
+    """The tests' RawServer, each id's script chosen by chaos_plan, every answer after `latency`."""
+    import test_redrive as t
+    slots = chaos_plan(t.FAULTS, t.ODD_ANSWERS)
+    server = t.RawServer()
+    bomb = t.zero_bomb(64 << 20, 31)
+
+    def late(script):
+        return lambda item, hit: [("sleep", latency), *(script(item, hit) if callable(script) else script)]
+
+    for n in range(count):
+        kind, row = slots[n % 100]
+        if kind == "fault":
+            script = t.FAULTS[row][1]
+            scripts = [script, t.ok_answer] if (n // 100) % 2 and t.FAULTS[row][2] == "retryable" else [script]
+            if t.FAULTS[row][3] == "too many redirects":  # 31 hops at 20 ms would outlast --timeout
+                server.replies[f"i{n}"] = scripts
+                continue
+        elif kind == "odd":
+            scripts = [[t.ODD_ANSWERS[row][0], "close"]]
+        elif kind == "bomb-redirect":
+            scripts = [[t.answer(302, bomb, [("Location", f"/items/i{n}-target"), ("Content-Encoding", "gzip")])]]
+        else:
+            scripts = [t.ok_answer]
+        server.replies[f"i{n}"] = [late(s) for s in scripts]
+    server.replies["_stats"] = [lambda item, hit: [t.answer(200, json.dumps({"hits": dict(server.hits)}).encode())]]
+    port_queue.put(server.port)
+    threading.Event().wait()
+
+
+def chaos(folder, count, opt):
+    sys.path.insert(0, str(HERE))
+    import test_redrive as t
+    ports = multiprocessing.Queue()
+    proc = multiprocessing.Process(target=chaos_serve, args=(ports, count, CHAOS_LATENCY), daemon=True)
+    proc.start()
+    base = f"http://127.0.0.1:{ports.get(timeout=60)}"
+    try:
+        ids = write_ids(folder, count)
+        run = measured(redrive_cmd(ids, base, "--concurrency", str(opt.concurrency), *CHAOS_OPTIONS))
+        hits = server_stats(base)["hits"]
+    finally:
+        proc.terminate()
+    slots = chaos_plan(t.FAULTS, t.ODD_ANSWERS)
+    plans = [chaos_expected(n, slots, t.FAULTS) for n in range(count)]
+    work = sum(requests * slow * CHAOS_LATENCY for _, requests, slow, _ in plans) / opt.concurrency
+    chain = max(chain + requests * slow * CHAOS_LATENCY for _, requests, slow, chain in plans)
+    ideal = max(work, chain)  # a lower bound: neither the work nor the longest chain of tries can be beaten
+    wrong = chaos_wrong(folder / "ids.redrive", [expected for expected, *_ in plans])
+    over = Counter()
+    for n, (_, requests, _, _) in enumerate(plans):
+        kind, row = slots[n % 100]
+        name = t.FAULTS[row][0] if kind == "fault" else kind
+        over[name] += hits.get(f"i{n}", 0) + hits.get(f"i{n}-target", 0) - requests
+    over = {name: extra for name, extra in over.items() if extra}
+    sent = sum(v for k, v in hits.items() if k != "_stats")
+    rows = core_rows(run, ideal, f"max(work / concurrency, the longest chain of tries) = max({work:.2f}, {chain:.2f})",
+                     f"wall = {run.wall / ideal:.2f} x ideal, target <= 2", sent, sum(requests for _, requests, _, _ in plans), 0)
+    del rows[3]  # no throttles here
+    rows[0:0] = [("options", " ".join(CHAOS_OPTIONS))]
+    rows[3:3] = [("ids settled as expected", f"{count - len(wrong)} / {count}" +
+                  (f"; wrong: {'; '.join(wrong[:5])}" if wrong else "")),
+                 ("tracebacks", "yes" if b"Traceback" in run.err else "none"),
+                 ("requests over the minimum, by kind", ", ".join(f"{k} {v:+d}" for k, v in over.items()) or "none")]
+    table(f"chaos: {count} ids, {len(t.FAULTS)} socket-level faults, {len(t.ODD_ANSWERS)} odd answers and a "
+          f"redirect bomb at 1% each, {CHAOS_LATENCY * 1000:g} ms latency, concurrency {opt.concurrency} "
+          f"(exit {run.code})", rows)
+    show_error(run)
+
+
+def chaos_wrong(state, expected):
+    """'i7: unavailable (reason) instead of done' for every id not settled as expected."""
+    done = set((state / "done.txt").read_text().split())
+    unavailable = {}
+    for line in (state / "unavailable.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        unavailable[record["id"]] = record["reason"]
+    wrong = []
+    for n, (want, reason) in enumerate(expected):
+        item = f"i{n}"
+        got = ("done", None) if item in done else ("unavailable", unavailable.get(item))
+        if got != (want, reason):
+            wrong.append(f"{item}: {got[0]} ({got[1]}) instead of {want} ({reason})")
+    return wrong
+
+
 def show_error(run):
     if run.code:
         print(run.err.decode(errors="replace")[-2000:])
@@ -402,8 +534,10 @@ def fs_type(folder):
         return "?"
 
 
-SCENARIOS = {"clean": clean, "flaky": flaky, "rate-limited": rate_limited, "resume": resume, "fsync": fsync}
-COUNTS = {"clean": 10_000, "flaky": 10_000, "rate-limited": 3_000, "resume": 1_000_000, "fsync": 5_000}
+SCENARIOS = {"clean": clean, "flaky": flaky, "rate-limited": rate_limited, "resume": resume, "fsync": fsync,
+             "chaos": chaos}
+COUNTS = {"clean": 10_000, "flaky": 10_000, "rate-limited": 3_000, "resume": 1_000_000, "fsync": 5_000,
+          "chaos": 10_000}
 
 
 def main(argv=None):
