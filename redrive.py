@@ -12,11 +12,16 @@ percent-encoded id, or, by default, the line itself as a full http(s) URL.
 
 Every response falls into one bucket:
   fatal      401, 402 (--fatal): halt at once, mark nothing failed, exit 3
-  retryable  408, 429, 5xx but 501/505, timeouts, connection errors, empty or
-             invalid bodies (--retry): backoff with jitter, Retry-After
-             honoured, at most --tries attempts per pass
-  skip       404, 400, 410 and every other status (--skip): recorded as
+  retryable  408, 429, 5xx but 501/505, timeouts, dropped connections, answers
+             that are not HTTP, bodies cut short, undecodable, empty or
+             invalid (--retry): backoff with jitter, Retry-After honoured
+             (up to a day), at most --tries attempts per pass
+  skip       404, 400, 410 and every other status (--skip), TLS errors,
+             redirect loops, bodies over --max-bytes: recorded as
              unavailable, never requested again
+A POST or PATCH that may have reached the server is not sent again (it
+may have been processed) unless --retry-unsafe: refused connections, 429
+and 503 are still retried. --timeout bounds each attempt as a whole.
 Pass one tries every pending id; pass two (up to --passes) re-drives only the
 failures, each --cooldown seconds after it failed. What still fails is
 confirmed unavailable, with its reason and a recommended action.
@@ -40,11 +45,15 @@ Rerun the same command after Ctrl+C, a kill or a reboot to resume; plain
 When every id goes to one host and it stops answering (refused, no such
 name, connect timeout), redrive probes it with backoff, spends no tries, and
 resumes when it answers, or stops after --tries x --passes probes: exit 69.
+When all that is left is due later than the run can usefully wait (past
+--max-time, or past both --cooldown and twice --max-backoff: a long
+Retry-After), the run ends at once with exit 1 and says when to rerun.
 
 Exit codes: 0 every id settled, 1 some ids pending or failed, 2 usage or
 input error, 3 halted by a fatal response, 69 the API's host stayed
-unreachable, 75 another run holds the state dir, 130 interrupted (Ctrl+C),
-143 terminated (SIGTERM).
+unreachable, 70 a bug in redrive (state kept, traceback in STATE_DIR/crash.log),
+75 another run holds the state dir, 130 interrupted (Ctrl+C), 143 terminated
+(SIGTERM).
 """
 
 from __future__ import annotations
@@ -1218,14 +1227,15 @@ class Watchdog:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self.clock, self.cond = clock, threading.Condition()
-        self.attempts, self.idle, self.closed = set(), True, False
+        self.attempts, self.closed = set(), False
+        self.wakes_at = float("-inf")  #: when the thread looks next, unless notified
         threading.Thread(target=self._run, name="redrive-watchdog", daemon=True).start()
 
     def begin(self, seconds: float) -> Attempt:
         attempt = CURRENT.attempt = Attempt(self.clock() + seconds)
         with self.cond:
             self.attempts.add(attempt)
-            if self.idle:
+            if attempt.deadline < self.wakes_at:  # rare: only a --timeout under MAX_WAIT
                 self.cond.notify()
         return attempt
 
@@ -1247,8 +1257,9 @@ class Watchdog:
                     self.attempts.discard(attempt)
                     attempt.cut()
                 soonest = min((a.deadline for a in self.attempts), default=None)
-                self.idle = soonest is None
-                self.cond.wait(bounded_wait(None if soonest is None else soonest - now))
+                wait = bounded_wait(None if soonest is None else soonest - now)
+                self.wakes_at = now + wait
+                self.cond.wait(wait)
 
 
 class FinalResponse(http.client.HTTPResponse):
@@ -2537,7 +2548,7 @@ def build_parser() -> Parser:
     run = p.add_argument_group("run")
     run.add_argument("--state-dir", type=Path, metavar="DIR", help="default: IDS_FILE's name + .redrive")
     run.add_argument("--concurrency", type=positive_int, default=4, metavar="N", help="worker threads (4)")
-    run.add_argument("--timeout", type=positive_seconds, default=30.0, metavar="S", help="connect, wait, body limit (30)")
+    run.add_argument("--timeout", type=positive_seconds, default=30.0, metavar="S", help="limit on each attempt as a whole (30)")
     run.add_argument("--tries", type=positive_int, default=5, metavar="N", help="attempts per pass (5)")
     run.add_argument("--passes", type=positive_int, default=2, metavar="N", help="passes; later ones re-drive failures (2)")
     run.add_argument("--backoff", type=seconds, default=1.0, metavar="S", help="first backoff, doubling (1)")
