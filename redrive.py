@@ -534,7 +534,7 @@ def recommend(bucket: Bucket, status: Optional[int], reason: str, passes: int, m
     if status is not None and 200 <= status < 300:
         return f"still {reason} {after}: look at one response (a login wall, an error page?), " \
                "then rerun with --retry-unavailable"
-    if reason in UNREACHED_REASONS:
+    if reason in UNREACHED_REASONS or reason.startswith(("connect timeout", "cannot connect")):
         return f"host not reachable ({reason}) {after}: check the URL's host, " \
                "or rerun with --retry-unavailable once it is back"
     shown = status if status is not None else reason
@@ -575,8 +575,11 @@ def build_body(template: str, item_id: str, as_json: bool) -> bytes:
 
 
 def is_http_url(url: str) -> bool:
-    parts = urlsplit(url)
-    return parts.scheme in ("http", "https") and bool(parts.hostname)
+    try:
+        parts = urlsplit(url)
+        return parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:  # an unclosed [ of an IPv6 address
+        return False
 
 
 def parse_codes(text: str) -> frozenset:
@@ -1506,12 +1509,12 @@ def fetch(session: GuardedSession, item_id: str, cfg: Config, redact: Redactor,
     """One attempt. Every failure of the network, the server or the HTTP
     libraries comes back as an Outcome; only a bug in redrive raises."""
     url = build_url(cfg.url, item_id)
-    session.origin = origin_of(url)
-    proxies, auth = session.environment(url, session.origin)
     body = None if cfg.data is None else build_body(cfg.data, item_id, cfg.json_data)
     attempt = session.watchdog.begin(cfg.timeout)
     phase, chunked = Phase.REQUEST, False
     try:
+        session.origin = origin_of(url)
+        proxies, auth = session.environment(url, session.origin)  # parses the URL: a bad port raises here
         with session.open(cfg.method, url, body, cfg.timeout, proxies, auth) as resp:
             phase, chunked = Phase.BODY, bool(getattr(resp.raw, "chunked", False))
             bucket = classify_status(resp.status_code, cfg)
@@ -1521,8 +1524,10 @@ def fetch(session: GuardedSession, item_id: str, cfg: Config, redact: Redactor,
             raw = read_body(resp, cfg.max_bytes if wanted else ERROR_BODY_BYTES, attempt.deadline, decode=wanted)
     except TRANSPORT_ERRORS as exc:
         phase = Phase.REDIRECT if isinstance(exc, RedirectFailed) else phase
-        bucket, reason = transport_failure(AttemptTimeout() if attempt.expired else exc, phase, cfg.timeout, chunked)
-        return Outcome(bucket, error=reason, unreached=phase is Phase.REQUEST and never_connected(exc))
+        unreached = phase is Phase.REQUEST and never_connected(exc)  # more precise than the deadline's cut
+        cause = AttemptTimeout() if attempt.expired and not unreached else exc
+        bucket, reason = transport_failure(cause, phase, cfg.timeout, chunked)
+        return Outcome(bucket, error=reason, unreached=unreached)
     finally:
         session.watchdog.end(attempt)
     if attempt.expired:  # cut mid-headers, http.client may take what came as a whole answer

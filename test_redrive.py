@@ -2158,3 +2158,32 @@ def test_a_decompression_bomb_costs_about_max_bytes_of_memory(raw_server, tmp_pa
                                 "--max-bytes", "4000000")
     assert code == 0 and peak < 60  # MiB: redrive's own ~40 and a few --max-bytes, not 256
     assert state(tmp_path, "unavailable.jsonl")[0]["reason"] == "body over 4000000 bytes"
+
+
+@pytest.fixture
+def full_backlog():
+    """A port whose listen queue is full: the kernel drops new SYNs, so connecting times out."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=0)
+    waiting = []
+    for _ in range(4):
+        sock = socket.socket()
+        sock.setblocking(False)
+        sock.connect_ex(listener.getsockname())
+        waiting.append(sock)
+    time.sleep(0.05)
+    yield listener.getsockname()[1]
+    for sock in [listener, *waiting]:
+        sock.close()
+
+
+def test_a_connect_timeout_is_named_and_points_at_the_host(full_backlog, tmp_path):
+    ids = write_ids(tmp_path, [f"http://127.0.0.1:{full_backlog}/x"])
+    code, err, _ = run_cli([ids, "--timeout", "0.3", "--tries", "1", "--passes", "1"])
+    [record] = state(tmp_path, "unavailable.jsonl")
+    assert code == ExitCode.OK and record["reason"] == "connect timeout after 0.3 s"
+    assert record["action"].startswith("host not reachable (connect timeout after 0.3 s)")
+
+
+def test_an_unparseable_url_in_the_list_is_one_line_and_exit_2(tmp_path):
+    code, err, _ = run_cli([write_ids(tmp_path, ["http://[::1/x"])])
+    assert code == ExitCode.USAGE and err.count("\n") == 1 and "is not an http(s) URL" in err
