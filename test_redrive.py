@@ -2187,3 +2187,11 @@ def test_a_connect_timeout_is_named_and_points_at_the_host(full_backlog, tmp_pat
 def test_an_unparseable_url_in_the_list_is_one_line_and_exit_2(tmp_path):
     code, err, _ = run_cli([write_ids(tmp_path, ["http://[::1/x"])])
     assert code == ExitCode.USAGE and err.count("\n") == 1 and "is not an http(s) URL" in err
+
+
+def test_a_host_name_that_does_not_resolve_is_named(tmp_path):
+    ids = write_ids(tmp_path, ["http://no-such-host.invalid/x"])  # .invalid never resolves (RFC 6761)
+    code, _, _ = run_cli([ids, "--tries", "1", "--passes", "1"])
+    [record] = state(tmp_path, "unavailable.jsonl")
+    assert code == ExitCode.OK and record["reason"] == "host name not found"
+    assert record["action"].startswith("host not reachable (host name not found)")
