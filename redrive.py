@@ -79,6 +79,7 @@ import shutil
 import signal
 import socket
 import ssl
+import stat
 import sys
 import tempfile
 import threading
@@ -502,6 +503,17 @@ def bounded_wait(seconds: Optional[float]) -> float:
     return max(MIN_WAIT, seconds)
 
 
+#: Characters never printed raw: C0 and C1 controls, DEL, and the Unicode
+#: marks that reorder what a terminal shows. An id is data, not escape codes.
+UNPRINTABLE = {c: f"\\x{c:02x}" if c < 256 else f"\\u{c:04x}"
+               for c in [*range(32), *range(127, 160), 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]}
+
+
+def shown_text(text: str) -> str:
+    """text with every control character escaped (\\x1b, \\u202e): safe on a terminal."""
+    return text.translate(UNPRINTABLE)
+
+
 def status_reason(status: int) -> str:
     """'503 Service Unavailable' for a known status, 'HTTP 599' otherwise."""
     try:
@@ -568,6 +580,19 @@ def build_url(template: str, item_id: str) -> str:
     return template.replace("{id}", quote(item_id, safe=""))
 
 
+def makes_dot_segment(template: str, item_id: str) -> bool:
+    """True when the id, put in the template, makes a path segment of '.' or
+    '..'. Every URL library and server reads those as steps (requests sends
+    /item/.. as /, DELETE included), and a server decodes %2E before it does,
+    so no encoding helps: such an id is never sent. The id cannot hold a
+    '/' (it is encoded), so its URL has the template's segments, one for one."""
+    if "." not in item_id or template == "{id}":
+        return False
+    ours = urlsplit(build_url(template, item_id)).path.split("/")
+    given = urlsplit(template).path.split("/")
+    return any(seg in (".", "..") and given[n] not in (".", "..") for n, seg in enumerate(ours) if n < len(given))
+
+
 def build_body(template: str, item_id: str, as_json: bool) -> bytes:
     """The request body: {id} JSON-escaped in a JSON body, form-encoded in any other."""
     value = json.dumps(item_id, ensure_ascii=False)[1:-1] if as_json else quote_plus(item_id)
@@ -575,11 +600,19 @@ def build_body(template: str, item_id: str, as_json: bool) -> bytes:
 
 
 def is_http_url(url: str) -> bool:
+    return url_problem(url) is None
+
+
+def url_problem(url: str) -> Optional[str]:
+    """Why url cannot be requested, in a few words; None when it can."""
     try:
         parts = urlsplit(url)
-        return parts.scheme in ("http", "https") and bool(parts.hostname)
-    except ValueError:  # an unclosed [ of an IPv6 address
-        return False
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            return "is not an http(s) URL"
+        parts.port  # raises for a port that is not a number from 0 to 65535
+    except ValueError:
+        return "is not a valid URL (a port that is not a number from 1 to 65535, or an unclosed '[')"
+    return None
 
 
 def parse_codes(text: str) -> frozenset:
@@ -792,6 +825,12 @@ def read_ids(path: Path) -> tuple:
     """(unique ids in file order, number of duplicate lines, {id: id}) from
     IDS_FILE. The mapping lets the state share the very same id strings."""
     try:
+        mode = os.stat(path).st_mode
+        if stat.S_ISDIR(mode):
+            raise RedriveError(f"{path}: a directory; give a text file with one id per line")
+        if not stat.S_ISREG(mode):  # a FIFO would block, and a rerun must read the same ids again
+            raise RedriveError(f"{path}: not a regular file (a pipe or a device); save the ids to a file, "
+                               "which a rerun reads again, and give that")
         data = path.read_bytes()
     except FileNotFoundError:
         raise RedriveError(f"{path}: no such file; give a text file with one id per line") from None
@@ -822,19 +861,24 @@ def line_of(path: Path, item_id: str) -> int:
 
 
 def check_urls(cfg: Config, ids: list, redact: Redactor) -> None:
-    """Refuse a template without {id}, or an id that is not an http(s) URL."""
+    """Refuse a template without {id}, or with {id} where no id can go (the
+    port, the scheme), or an id that is not an http(s) URL."""
+    shown = redact(redact_url(cfg.url))
     if "{id}" not in cfg.url:
-        raise RedriveError(f"--url {redact(redact_url(cfg.url))!r} has no {{id}}; put {{id}} where the id goes")
+        raise RedriveError(f"--url {shown!r} has no {{id}}; put {{id}} where the id goes")
     if cfg.url != "{id}":
-        if not is_http_url(build_url(cfg.url, "x")):
-            raise RedriveError(f"--url {redact(redact_url(cfg.url))!r} is not an http(s) URL; start it with https://")
+        if url_problem(build_url(cfg.url, "x")) == "is not an http(s) URL":
+            raise RedriveError(f"--url {shown!r} is not an http(s) URL; start it with https://")
+        if url_problem(build_url(cfg.url, "x")) or url_problem(build_url(cfg.url, "1")):
+            raise RedriveError(f"--url {shown!r} {url_problem(build_url(cfg.url, 'x'))}; "
+                               "put {id} in the path or the query, never in the port")
         return
     for item_id in ids:
-        if not is_http_url(item_id):
-            shown = redact(redact_url(item_id))[:80]
+        problem = url_problem(item_id)
+        if problem:
             raise RedriveError(
-                f"{cfg.ids_file} line {line_of(cfg.ids_file, item_id)}: {shown!r} is not an http(s) URL; "
-                "list full URLs, or give --url TEMPLATE with {id}")
+                f"{cfg.ids_file} line {line_of(cfg.ids_file, item_id)}: {shown_text(redact(redact_url(item_id))[:80])!r} "
+                f"{problem}; list full URLs, or give --url TEMPLATE with {{id}}")
 
 
 def expand_env(text: str, environ, where: str) -> str:
@@ -862,6 +906,11 @@ def parse_header(text: str, environ) -> tuple:
     value = expand_env(spec, environ, f"-H {name}")
     if "\n" in value or "\r" in value:
         raise RedriveError(f"-H {name}: the value holds a line break; remove it")
+    try:
+        value.encode("latin-1")
+    except UnicodeEncodeError:
+        raise RedriveError(f"-H {name}: the value has characters HTTP headers cannot carry (only Latin-1); "
+                           "percent-encode them, or leave them out") from None
     return name, value, spec if ENV_REF.fullmatch(spec) else None
 
 
@@ -1008,8 +1057,61 @@ def last_line(path: Path) -> Optional[bytes]:
         return None
 
 
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _when(value) -> bool:
+    """A time as redrive writes it, and a real one (parse_iso is used on it later)."""
+    try:
+        return isinstance(value, str) and ISO_TIME.fullmatch(value) is not None and parse_iso(value) > 0
+    except ValueError:
+        return False
+
+
+ISO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
+
+#: What each kind of field must hold.
+FIELD_KINDS = {
+    "text": lambda v: isinstance(v, str),
+    "status": lambda v: v is None or (_whole(v) and 100 <= v <= 999),
+    "code": lambda v: _whole(v) and 100 <= v <= 999,
+    "pass": lambda v: _whole(v) and v >= 1,
+    "count": lambda v: _whole(v) and v >= 0,
+    "bucket": lambda v: v in ("ok", "fatal", "retryable", "skip"),
+    "time": _when,
+    "stamp": lambda v: isinstance(v, str) and ISO_TIME.fullmatch(v) is not None,
+    "seconds": lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e10),
+}
+
+#: The fields every line of a ledger must hold (name: kind), then those it may hold.
+RECORD_FIELDS = {
+    "results.jsonl": ({"id": "text", "url": "text", "status": "code", "fetched_at": "text"},
+                      {"final_url": "text", "body_encoding": "text"}),
+    "failed.jsonl": ({"id": "text", "pass": "pass", "bucket": "bucket", "status": "status", "error": "text",
+                      "tries": "count", "at": "time"}, {"retry_after": "seconds", "due": "time"}),
+    "unavailable.jsonl": ({"id": "text", "reason": "text", "status": "status", "bucket": "bucket", "tries": "count",
+                           "at": "stamp", "action": "text"}, {}),
+}
+
+
+def record_problem(name: str, record) -> Optional[str]:
+    """Why a line read back from a ledger is not one redrive wrote; None when it is."""
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    required, optional = RECORD_FIELDS[name]
+    for key, kind in required.items():
+        if key not in record or not FIELD_KINDS[kind](record[key]):
+            return f"{'bad' if key in record else 'no'} {key!r}"
+    for key, kind in optional.items():
+        if key in record and not FIELD_KINDS[kind](record[key]):
+            return f"bad {key!r}"
+    return None
+
+
 def read_records(path: Path) -> Iterable[dict]:
-    """The JSON records of a state file; a foreign line is a user error."""
+    """The records of a ledger, each checked as a whole: a foreign or damaged
+    line is a user error that names the file and the line."""
     try:
         fh = open(path, "rb")
     except FileNotFoundError:
@@ -1020,12 +1122,13 @@ def read_records(path: Path) -> Iterable[dict]:
                 return  # a torn last line: repaired on start, ignored by --check
             try:
                 record = json.loads(line)
-                if isinstance(record, dict) and isinstance(record.get("id"), str):
-                    yield record
-                    continue
-            except ValueError:
-                pass
-            raise RedriveError(f"{path} line {number}: not a redrive record; move the file away or fix that line")
+            except (ValueError, RecursionError):
+                record = None
+            problem = "not JSON" if record is None else record_problem(path.name, record)
+            if problem:
+                raise RedriveError(f"{path} line {number}: not a redrive record ({problem}); "
+                                   "move the file away or fix that line")
+            yield record
 
 
 def load_state(state_dir: Path, repair: bool = True, wanted: Optional[dict] = None) -> State:
@@ -1073,9 +1176,12 @@ def complete_lost_done(state: State, ledger: Ledger) -> None:
     if not tail:
         return
     try:
-        item_id = json.loads(tail)["id"]
-    except (ValueError, KeyError, TypeError):
+        record = json.loads(tail)
+    except (ValueError, RecursionError):
+        record = None
+    if record is None or record_problem("results.jsonl", record):
         raise RedriveError(f"{ledger.dir / 'results.jsonl'}: last line is not a redrive record; move the file away")
+    item_id = record["id"]
     done_tail = last_line(ledger.dir / "done.txt")
     if done_tail is None or done_tail.decode("utf-8", "replace") != item_id:  # written in lockstep
         ledger.append("done.txt", item_id)
@@ -1113,15 +1219,43 @@ def read_run_record(state_dir: Path) -> Optional[dict]:
         return None
     except (OSError, ValueError):
         record = None
-    if not isinstance(record, dict) or not isinstance(record.get("shape"), dict):
-        raise RedriveError(f"{path}: not a redrive run record; move it away, or use a new --state-dir")
-    record["shape"] = {**request_shape(Config(Path(), Path())), **record["shape"]}
+    problem = run_record_problem(record)
+    if problem:
+        raise RedriveError(f"{path}: not a redrive run record ({problem}); move it away, or use a new --state-dir")
+    known = request_shape(Config(Path(), Path()))
+    unknown = sorted(set(record["shape"]) - set(known))
+    if unknown:
+        raise RedriveError(f"{path}: written by redrive {str(record.get('redrive', '?'))[:20]}, whose request has "
+                           f"fields this version does not know ({', '.join(map(str, unknown))[:100]}); "
+                           "run that version, or use a new --state-dir")
+    record["shape"] = {**known, **record["shape"]}
     return record
+
+
+def run_record_problem(record) -> Optional[str]:
+    """Why run.json is not one redrive wrote; None when it is."""
+    if not isinstance(record, dict) or not isinstance(record.get("shape"), dict):
+        return "no request shape"
+    texts = lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)  # noqa: E731
+    kinds = {"method": lambda v: isinstance(v, str), "url": lambda v: isinstance(v, str),
+             "data": lambda v: v is None or isinstance(v, str), "headers": texts,
+             "expect_json": lambda v: isinstance(v, bool), "require": texts, "require_field": texts}
+    for key, ok in kinds.items():
+        if key in record["shape"] and not ok(record["shape"][key]):
+            return f"bad {key!r}"
+    headers = record.get("headers", [])
+    if not isinstance(headers, list) or not all(
+            isinstance(h, dict) and isinstance(h.get("name"), str) and (h.get("value") is None or
+                                                                      isinstance(h.get("value"), str))
+            for h in headers):
+        return "bad 'headers'"
+    return None
 
 
 def shape_changes(old: dict, new: dict) -> list:
     """'url: 'a' -> 'b'' for every field of the shape that differs."""
-    return [f"{key}: {old.get(key)!r} -> {new.get(key)!r}" for key in new if old.get(key) != new.get(key)]
+    keys = [*new, *(key for key in old if key not in new)]
+    return [f"{key}: {old.get(key)!r} -> {new.get(key)!r}" for key in keys if old.get(key) != new.get(key)]
 
 
 def settle_run_record(cfg: Config, record: Optional[dict]) -> None:
@@ -2462,43 +2596,36 @@ class Parser(argparse.ArgumentParser):
         raise RedriveError(f"{message}; see --help")
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"give a whole number of at least 1, not {text!r}")
-    return value
+def bounded(kind: str, low: float, high: float, whole: bool = False, above: bool = False) -> Callable:
+    """An argparse type: a number from low (or above it) to high. Every
+    number has an upper bound, or a typo such as 1e10 overflows a timer or
+    asks for 30,000 threads."""
+    def parse(text: str):
+        try:
+            value = int(text) if whole else float(text)
+        except ValueError:
+            value = None
+        if value is None or not (value > low if above else value >= low) or not value <= high:
+            floor = f"above {low:g}" if above else f"from {low:g}"
+            top = f"{high:,.0f}" if high >= 10000 else f"{high:g}"
+            raise argparse.ArgumentTypeError(f"give {kind} {floor} to {top}, not {text!r}")
+        return value
+
+    return parse
 
 
-def seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"give a number of seconds such as 1.5, not {text!r}")
-    return value
-
-
-def positive_seconds(text: str) -> float:
-    value = seconds(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError(f"give a number of seconds above 0, not {text!r}")
-    return value
-
-
-def positive_rate(text: str) -> float:
-    value = seconds(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError(f"give a number of requests per second above 0, not {text!r}")
-    return value
+DAY = 86400.0
+positive_int = bounded("a whole number", 1, 1000, whole=True)
+thread_count = bounded("a whole number", 1, 512, whole=True)
+seconds = bounded("a number of seconds", 0, DAY)
+positive_seconds = bounded("a number of seconds", 0, DAY, above=True)
+positive_rate = bounded("a number of requests per second", 0.001, 1e6)
+byte_count = bounded("a number of bytes", 1, 2 ** 33, whole=True)
 
 
 def shard_spec(text: str) -> tuple:
     k, slash, n = text.partition("/")
-    if slash and k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n):
+    if slash and k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n) <= 1_000_000:
         return int(k), int(n)
     raise argparse.ArgumentTypeError(f"give K/N with 1 <= K <= N, such as 2/3, not {text!r}")
 
@@ -2552,23 +2679,23 @@ def build_parser() -> Parser:
     req.add_argument("--demo", action="store_true", help="use a built-in misbehaving API on 127.0.0.1")
     run = p.add_argument_group("run")
     run.add_argument("--state-dir", type=Path, metavar="DIR", help="default: IDS_FILE's name + .redrive")
-    run.add_argument("--concurrency", type=positive_int, default=4, metavar="N", help="worker threads (4)")
+    run.add_argument("--concurrency", type=thread_count, default=4, metavar="N", help="worker threads (4)")
     run.add_argument("--timeout", type=positive_seconds, default=30.0, metavar="S", help="limit on each attempt as a whole (30)")
     run.add_argument("--tries", type=positive_int, default=5, metavar="N", help="attempts per pass (5)")
     run.add_argument("--passes", type=positive_int, default=2, metavar="N", help="passes; later ones re-drive failures (2)")
     run.add_argument("--backoff", type=seconds, default=1.0, metavar="S", help="first backoff, doubling (1)")
     run.add_argument("--max-backoff", type=seconds, default=60.0, metavar="S", help="backoff cap (60)")
-    run.add_argument("--cooldown", type=seconds, default=30.0, metavar="S", help="wait before a failure's next pass (30)")
+    run.add_argument("--cooldown", type=bounded("a number of seconds", 0, 7 * DAY), default=30.0, metavar="S", help="wait before a failure's next pass (30)")
     run.add_argument("--fatal", type=status_codes, metavar="CODES", help="statuses that halt the job (401,402)")
     run.add_argument("--retry", type=status_codes, metavar="CODES", help="statuses retried (408,429,5xx but 501,505)")
     run.add_argument("--skip", type=status_codes, metavar="CODES", help="statuses settled at once (400,404,410)")
     run.add_argument("--rate", type=positive_rate, metavar="R", help="at most R requests per second, evenly")
-    run.add_argument("--per-host", type=positive_int, metavar="N", help="at most N requests in flight per host")
+    run.add_argument("--per-host", type=thread_count, metavar="N", help="at most N requests in flight per host")
     run.add_argument("--shard", type=shard_spec, metavar="K/N", help="only the ids of shard K of N (1/3, 2/3, 3/3)")
-    run.add_argument("--max-bytes", type=positive_int, default=50 * 1024 * 1024, metavar="N",
+    run.add_argument("--max-bytes", type=byte_count, default=50 * 1024 * 1024, metavar="N",
                      help="skip a body larger than N bytes (50 MiB)")
     run.add_argument("--retry-unavailable", action="store_true", help="bring unavailable ids back, for one run")
-    run.add_argument("--max-time", type=positive_seconds, metavar="S", help="start no request after S s, exit 1")
+    run.add_argument("--max-time", type=bounded("a number of seconds", 0, 31 * DAY, above=True), metavar="S", help="start no request after S s, exit 1")
     run.add_argument("--report", type=Path, metavar="FILE", help="write report.json to FILE too")
     run.add_argument("--fsync", action="store_true", help="fsync each record before the next step")
     run.add_argument("--allow-config-change", action="store_true", help="accept a request unlike run.json's")
@@ -2580,7 +2707,12 @@ def build_parser() -> Parser:
 
 
 def default_state_dir(args) -> Path:
-    return args.state_dir or args.ids_file.with_name(args.ids_file.stem + ".redrive")
+    """--state-dir, else beside IDS_FILE; /dev/stdin and the like have no beside."""
+    if args.state_dir:
+        return args.state_dir
+    if str(args.ids_file.absolute()).startswith(("/dev/", "/proc/")):
+        raise RedriveError(f"{args.ids_file}: no state dir can go beside it; give --state-dir DIR")
+    return args.ids_file.with_name(args.ids_file.stem + ".redrive")
 
 
 def config_from_args(args, environ, record: Optional[dict]) -> Config:
