@@ -219,6 +219,12 @@ NOT_PROCESSED_STATUSES = frozenset({429, 503})
 DOWN_AFTER = 5
 STATE_FILES = ("results.jsonl", "done.txt", "failed.jsonl", "unavailable.jsonl")
 
+#: Every file redrive keeps in a state dir (refuse_foreign_files).
+OWN_FILES = (*STATE_FILES, "run.json", "report.json", "lock", "crash.log")
+
+#: Opening a state file never follows a symlink (where the OS can say so).
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
 
 class ExitCode(IntEnum):
     OK = 0  #: every id settled: done or confirmed unavailable
@@ -946,7 +952,7 @@ class Ledger:
         for name in STATE_FILES:
             path = self.dir / name
             try:
-                self.fds[name] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                self.fds[name] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | NOFOLLOW, 0o644)
             except OSError as exc:
                 raise RedriveError(f"{path}: cannot open for writing ({exc.strerror}); check --state-dir") from None
         fsync_dir(self.dir)
@@ -2509,15 +2515,25 @@ class RunLock:
             import fcntl
         except ImportError:  # not on POSIX: no lock, nothing else changes
             return self
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o644)
+        except OSError as exc:
+            raise RedriveError(f"{self.path}: cannot open ({exc.strerror.lower()}); check the state dir's "
+                               "permissions") from None
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             holder = os.read(self.fd, 200).decode("utf-8", "replace").strip() or "pid ?, started ?"
             os.close(self.fd)
-            raise RedriveError(f"another run ({holder}) is using {self.path.parent}", ExitCode.LOCKED) from None
-        os.ftruncate(self.fd, 0)
-        os.write(self.fd, f"pid {os.getpid()}, started {iso(time.time())}\n".encode())
+            raise RedriveError(f"another run ({shown_text(holder)}) is using {self.path.parent}",
+                               ExitCode.LOCKED) from None
+        try:
+            os.ftruncate(self.fd, 0)
+            os.write(self.fd, f"pid {os.getpid()}, started {iso(time.time())}\n".encode())
+        except OSError as exc:
+            os.close(self.fd)
+            raise RedriveError(f"{self.path}: write failed ({exc.strerror.lower()}); free some space, "
+                               "then rerun") from None
         return self
 
     def __exit__(self, *exc):
@@ -2758,6 +2774,24 @@ def prepare_state_dir(path: Path) -> None:
         raise RedriveError(f"{path}: cannot create the state dir ({exc.strerror}); pick another --state-dir") from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise RedriveError(f"{path}: state dir is not writable; fix its permissions or pick another --state-dir")
+    refuse_foreign_files(path)
+
+
+def refuse_foreign_files(state_dir: Path) -> None:
+    """A state file that is a symlink or not a regular file is refused before
+    anything is read from, written to or cut from it: redrive would truncate
+    or append to whatever it points at."""
+    for name in OWN_FILES:
+        try:
+            mode = os.lstat(state_dir / name).st_mode
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise RedriveError(f"{state_dir / name}: {exc.strerror.lower()}; check the state dir") from None
+        if not stat.S_ISREG(mode):
+            what = "a symlink" if stat.S_ISLNK(mode) else "not a regular file"
+            raise RedriveError(f"{state_dir / name}: {what}; redrive writes only files of its own there: "
+                               "move it away, or use a new --state-dir")
 
 
 class StopSignals:
@@ -2931,6 +2965,8 @@ def main(argv=None, *, fx: Effects = Effects(), err=None, out=None, environ=None
         except SystemExit as exc:  # --help and --version
             return int(exc.code or 0)
         state_dir = default_state_dir(args)
+        if state_dir.is_dir():
+            refuse_foreign_files(state_dir)
         if args.check:
             return int(check(args.ids_file, state_dir, args.quiet, SafeStream(out or sys.stdout)))
         cfg = config_from_args(args, environ, read_run_record(default_state_dir(args)))
@@ -2943,6 +2979,12 @@ def main(argv=None, *, fx: Effects = Effects(), err=None, out=None, environ=None
     except KeyboardInterrupt:
         print("redrive: interrupted while starting; rerun the same command", file=err)
         return int(ExitCode.INTERRUPTED)
+    except OSError as exc:
+        if not exc.filename:
+            return int(crash_exit(exc, state_dir, err))
+        print(f"redrive: error: {shown_text(str(exc.filename))}: {(exc.strerror or str(exc)).lower()}; "
+              "check the file, its permissions and the free space", file=err)
+        return int(ExitCode.USAGE)
     except Exception as exc:  # a bug: never a traceback on the terminal
         return int(crash_exit(exc, state_dir, err))
     finally:

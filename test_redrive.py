@@ -1293,17 +1293,54 @@ def test_check_exits_0_when_every_id_is_settled_and_consistent(server, tmp_path)
 # ------------------------------------------------------------ bad state, disk
 
 
-def test_a_full_disk_is_one_line_exit_2_naming_the_file(server, tmp_path):
-    if not os.path.exists("/dev/full"):
-        pytest.skip("needs /dev/full")
+def limited_run(size, *args):
+    """redrive.py in a process whose files may not grow past size bytes
+    (RLIMIT_FSIZE): a full disk, as every write call sees it."""
+    import resource
+    limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))  # noqa: E731
+    return subprocess.run(redrive_cmd(*args), preexec_fn=limit, capture_output=True, text=True, timeout=30)
+
+
+def test_a_disk_that_fills_mid_run_is_one_line_exit_2_and_the_rerun_resumes(server, tmp_path):
+    ids = [f"item-{n:03d}" for n in range(40)]
+    proc = limited_run(1500, write_ids(tmp_path, ids), "--url", server.template)
+    assert proc.returncode == ExitCode.USAGE and "Traceback" not in proc.stderr
+    [line] = [x for x in proc.stderr.splitlines() if x.startswith("redrive: error")]
+    assert "results.jsonl: write failed (File too large); free space, then rerun" in line
+    code, err, _ = crawl(server, tmp_path, ids)
+    assert code == ExitCode.OK and "cut off a torn last line" in err
+    assert sorted(state(tmp_path, "done.txt")) == ids and sorted(r["id"] for r in state(tmp_path, "results.jsonl")) == ids
+
+
+def test_a_disk_full_at_start_is_one_line_exit_2(server, tmp_path):
+    proc = limited_run(0, write_ids(tmp_path, ["a"]), "--url", server.template)
+    assert proc.returncode == ExitCode.USAGE and "Traceback" not in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "lock: write failed (file too large)" in proc.stderr
+
+
+def test_an_unreadable_state_file_is_one_line_exit_2(server, tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root reads any file")
     sdir = tmp_path / "ids.redrive"
     sdir.mkdir()
-    (sdir / "results.jsonl").symlink_to("/dev/full")
-    code, err, _ = crawl(server, tmp_path, ["a", "b"])
-    assert code == ExitCode.USAGE
-    [line] = [x for x in err.splitlines() if x.startswith("redrive: error")]
-    assert "results.jsonl: write failed (No space left on device)" in line
-    assert "Traceback" not in err and state(tmp_path, "done.txt") == []
+    (sdir / "failed.jsonl").write_text("")
+    (sdir / "failed.jsonl").chmod(0)
+    code, err, _ = crawl(server, tmp_path, ["a"])
+    assert code == ExitCode.USAGE and err.count("\n") == 1 and "failed.jsonl: permission denied" in err
+
+
+@pytest.mark.parametrize("name", ["results.jsonl", "done.txt", "lock", "run.json", "report.json"])
+def test_a_state_file_that_is_a_symlink_is_refused_before_anything_is_cut_or_written(server, tmp_path, name):
+    foreign = tmp_path / "precious.txt"
+    foreign.write_bytes(b"somebody else's data, with no newline at the end")
+    sdir = tmp_path / "ids.redrive"
+    sdir.mkdir()
+    (sdir / name).symlink_to(foreign)
+    for args in ([], ["--check"]):
+        code, err, _ = crawl(server, tmp_path, ["a"], *args)
+        assert code == ExitCode.USAGE and err.count("\n") == 1 and f"{name}: a symlink" in err
+    assert foreign.read_bytes() == b"somebody else's data, with no newline at the end"
+    assert server.hits["a"] == 0 and sorted(p.name for p in sdir.iterdir()) == [name]
 
 
 def test_fsync_mode_writes_the_same_state(server, tmp_path):
