@@ -59,6 +59,7 @@ unreachable, 70 a bug in redrive (state kept, traceback in STATE_DIR/crash.log),
 from __future__ import annotations
 
 import argparse
+import base64
 import codecs
 import dataclasses
 import email.utils
@@ -203,6 +204,9 @@ MAX_RETRY_AFTER = 86400.0
 MIN_WAIT = 0.001
 MAX_WAIT = 1.0
 
+#: The reason given an id that would be a '.' or '..' path segment: never sent.
+DOT_SEGMENT = "an id that is a path step ('.' or '..'), never sent"
+
 #: The reason given a POST or PATCH that failed after it may have reached the server.
 MAY_HAVE_BEEN_PROCESSED = "may have been processed"
 
@@ -326,6 +330,7 @@ class Outcome:
     status: Optional[int] = None
     error: str = ""
     body: Optional[str] = None  #: a success's body, as the JSON text results.jsonl stores
+    encoding: Optional[str] = None  #: "base64" when body holds bytes that are not text
     final_url: Optional[str] = None
     retry_after: Optional[float] = None
     excerpt: str = ""
@@ -534,6 +539,8 @@ def recommend(bucket: Bucket, status: Optional[int], reason: str, passes: int, m
     if reason.startswith(MAY_HAVE_BEEN_PROCESSED):
         return f"may have been processed: check {item} upstream; to send {it} again, " \
                "rerun with --retry-unsafe --retry-unavailable"
+    if reason == DOT_SEGMENT:
+        return f"the URL cannot hold such an id: drop {it} from the input list, or put {{id}} in the query"
     if bucket is Bucket.SKIP:
         if status in (404, 410):
             return f"removed upstream ({status}): drop {it} from the input list"
@@ -542,7 +549,7 @@ def recommend(bucket: Bucket, status: Optional[int], reason: str, passes: int, m
         if reason.startswith("body over"):
             return "too large to read: raise --max-bytes, then rerun with --retry-unavailable"
         if status is None:
-            return f"{reason}: fix the URL or the host, then rerun with --retry-unavailable"
+            return "fix the URL or the host, then rerun with --retry-unavailable"
         return f"{status} is not retried: check {item} upstream, or add {status} to --retry"
     after = f"after {passes} pass{'es' if passes != 1 else ''}"
     if status == 429:
@@ -673,6 +680,12 @@ class Redactor:
         for secret in self.secrets:
             text = text.replace(secret, "***")
         return text
+
+    def excerpt(self, text: str, size: int) -> str:
+        """The first size characters of text, redacted before the cut: a
+        secret that starts just before it never shows its first characters."""
+        longest = len(self.secrets[0]) if self.secrets else 0
+        return self(text[:size + longest])[:size]
 
 
 @dataclass
@@ -1648,6 +1661,8 @@ def fetch(session: GuardedSession, item_id: str, cfg: Config, redact: Redactor,
           now: Callable[[], float]) -> Outcome:
     """One attempt. Every failure of the network, the server or the HTTP
     libraries comes back as an Outcome; only a bug in redrive raises."""
+    if makes_dot_segment(cfg.url, item_id):
+        return Outcome(Bucket.SKIP, error=DOT_SEGMENT)
     url = build_url(cfg.url, item_id)
     body = None if cfg.data is None else build_body(cfg.data, item_id, cfg.json_data)
     attempt = session.watchdog.begin(cfg.timeout)
@@ -1756,7 +1771,7 @@ def interpret(resp: requests.Response, raw: bytes, bucket: Bucket, cfg: Config, 
     status = resp.status_code
     final = resp.url if resp.history else None
     if bucket is Bucket.FATAL:
-        excerpt = redact(decode(raw, resp)[:EXCERPT_CHARS].replace("\n", " "))
+        excerpt = redact.excerpt(decode(raw, resp)[0], EXCERPT_CHARS).replace("\n", " ")
         return Outcome(bucket, status, status_reason(status), excerpt=excerpt)
     if bucket is not Bucket.OK:
         wait = parse_retry_after(resp.headers.get("Retry-After"), now)
@@ -1768,9 +1783,13 @@ def interpret(resp: requests.Response, raw: bytes, bucket: Bucket, cfg: Config, 
         if bodiless and not (cfg.wants_json or cfg.require):
             return Outcome(Bucket.OK, status, body="null", final_url=final)
         return Outcome(Bucket.RETRYABLE, status, "empty body")
-    body, problem = validate(decode(raw, resp), resp.headers.get("Content-Type", ""), cfg)
+    text, exact = decode(raw, resp)
+    body, problem = validate(text, resp.headers.get("Content-Type", ""), cfg)
     if problem:
         return Outcome(Bucket.RETRYABLE, status, problem)
+    if not exact:  # stored losslessly: the bytes, not a text with replacement characters
+        return Outcome(Bucket.OK, status, body=f'"{base64.b64encode(raw).decode()}"', final_url=final,
+                       encoding="base64")
     return Outcome(Bucket.OK, status, body=body, final_url=final)
 
 
@@ -1810,14 +1829,18 @@ def strict_json(body, text: str) -> str:
         return json.dumps(text, ensure_ascii=False)
 
 
-def decode(raw: bytes, resp: requests.Response) -> str:
-    """Body text: the declared charset, else UTF-8; bad bytes are replaced.
-    A charset Python does not know, or cannot decode with, means UTF-8."""
-    declared = "charset=" in resp.headers.get("Content-Type", "").lower()
-    try:
-        return raw.decode(resp.encoding if declared and resp.encoding else "utf-8", errors="replace")
-    except (LookupError, ValueError, TypeError):
-        return raw.decode("utf-8", errors="replace")
+def decode(raw: bytes, resp: requests.Response) -> tuple:
+    """(text, exact): the body in its declared charset, else UTF-8. exact is
+    False when the bytes are not text in either (binary, broken UTF-8, a
+    charset Python cannot decode with): the text then has replacement
+    characters, fit for checks, never for storing."""
+    declared = resp.encoding if "charset=" in resp.headers.get("Content-Type", "").lower() else None
+    for codec in filter(None, (declared, "utf-8")):
+        try:
+            return raw.decode(codec), True
+        except (LookupError, ValueError, TypeError):  # UnicodeDecodeError is a ValueError
+            continue
+    return raw.decode("utf-8", errors="replace"), False
 
 
 # --------------------------------------------------------------- run loop
@@ -2172,9 +2195,12 @@ class Batch:
 
     def _succeed(self, item: Item, out: Outcome) -> None:
         url = build_url(self.cfg.url, item.id)
-        record = {"id": item.id, "url": redact_url(url), "status": out.status, "fetched_at": iso(self.fx.wallclock())}
+        record = {"id": item.id, "url": self.redact(redact_url(url)), "status": out.status,
+                  "fetched_at": iso(self.fx.wallclock())}
         if out.final_url and out.final_url != url:
-            record["final_url"] = redact_url(out.final_url)
+            record["final_url"] = self.redact(redact_url(out.final_url))
+        if out.encoding:
+            record["body_encoding"] = out.encoding
         line = json.dumps(record, ensure_ascii=False, separators=(",", ":"))
         self.ledger.success(item.id, f'{line[:-1]},"body":{out.body}}}')  # the body is JSON text already
         self.state.done.add(item.id)

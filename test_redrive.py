@@ -20,7 +20,7 @@ import zlib
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 import pytest
 
@@ -46,7 +46,7 @@ class Handler(BaseHTTPRequestHandler):
             self.server.bodies.append(body)
         self.do_GET()
 
-    do_PUT = do_PATCH = do_POST
+    do_PUT = do_PATCH = do_DELETE = do_POST
 
     def do_HEAD(self):
         self.do_GET()
@@ -1876,13 +1876,20 @@ def test_every_fault_is_an_outcome_with_its_bucket_and_reason(raw_server, tmp_pa
         assert record["tries"] == 1 and state(tmp_path, "failed.jsonl") == []
 
 
+class BASE64(str):
+    """An expected body stored as base64 of these bytes (latin-1 text here)."""
+
+
 #: (what the server sends, what results.jsonl holds as the body): odd but usable answers.
 ODD_ANSWERS = [
     (answer(200, b'{"a": NaN, "b": 1e999}', JSON), '{"a": NaN, "b": 1e999}'),
     (answer(200, b"[" * 100000 + b"]" * 100000, JSON), "[" * 100000 + "]" * 100000),
     (answer(200, b'{"s": "\\ud800"}', JSON), {"s": "\ud800"}),
-    (answer(200, b"caf\xe9", [("Content-Type", "text/plain; charset=no-such-charset")]), "caf\ufffd"),
-    (answer(200, b"caf\xe9", [("Content-Type", "text/plain; charset=idna")]), "caf\ufffd"),
+    (answer(200, b"caf\xe9", [("Content-Type", "text/plain; charset=no-such-charset")]), BASE64("caf\xe9")),
+    (answer(200, b"caf\xe9", [("Content-Type", "text/plain; charset=idna")]), BASE64("caf\xe9")),
+    (answer(200, b"caf\xc3\xa9", [("Content-Type", "text/plain; charset=idna")]), "caf\xe9"),  # UTF-8 after all
+    (answer(200, b"\x89PNG\r\n\x1a\n\x00\xff", [("Content-Type", "image/png")]), BASE64("\x89PNG\r\n\x1a\n\x00\xff")),
+    (answer(200, b'{"a": "\xff"}', JSON), BASE64('{"a": "\xff"}')),  # invalid UTF-8 inside JSON
     (answer(200, b"caf\xe9", [("Content-Type", "text/plain; charset=latin-1")]), "caf\xe9"),
     (answer(200, b"hello", [("Content-Length", "abc")]), "hello"),  # unframed: read to the close
     (b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\n" + answer(200, b'{"id": "x"}', JSON), {"id": "x"}),
@@ -1899,7 +1906,10 @@ def test_odd_but_usable_answers_are_stored_as_strict_json(raw_server, tmp_path, 
     assert code == ExitCode.OK and "Traceback" not in err, err
     line = (tmp_path / "ids.redrive" / "results.jsonl").read_text(encoding="utf-8")
     record = json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} in results.jsonl"))
-    assert record["body"] == stored
+    if isinstance(stored, BASE64):
+        assert record["body_encoding"] == "base64" and base64.b64decode(record["body"]) == stored.encode("latin-1")
+    else:
+        assert record["body"] == stored and "body_encoding" not in record
 
 
 def test_a_tls_handshake_with_a_plain_http_server_is_a_tls_error(server, tmp_path):
@@ -2242,3 +2252,34 @@ def test_a_host_name_that_does_not_resolve_is_named(tmp_path):
     [record] = state(tmp_path, "unavailable.jsonl")
     assert code == ExitCode.OK and record["reason"] == "host name not found"
     assert record["action"].startswith("host not reachable (host name not found)")
+
+
+# ------------------------------------------------- bad input and bad state
+
+
+@given(item_id=st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=40) |
+       st.sampled_from([".", "..", "...", "./", "../x", "%2e%2E", "%2F", "a/../b", "?", "#", "@evil.example", "\\\\"]))
+@settings(max_examples=300, deadline=None)
+def test_an_id_never_leaves_its_place_in_the_url(item_id):
+    """The path requests will send decodes back to the id, under the template's
+    prefix and before its suffix; only a pure dot segment is refused."""
+    import requests
+    template = "http://api.example/v1/items/{id}/detail?x=1"
+    if redrive.makes_dot_segment(template, item_id):
+        assert item_id in (".", "..")
+        return
+    prepared = requests.PreparedRequest()
+    prepared.prepare_url(redrive.build_url(template, item_id), None)
+    parts = urlsplit(prepared.url)
+    assert (parts.hostname, parts.query) == ("api.example", "x=1")
+    assert parts.path.startswith("/v1/items/") and parts.path.endswith("/detail")
+    assert unquote(parts.path[len("/v1/items/"):-len("/detail")]) == item_id
+
+
+def test_dot_segment_ids_are_never_sent_even_with_delete(server, tmp_path):
+    code, err, _ = crawl(server, tmp_path, [".", "..", "...", "a.b"], "--method", "DELETE")
+    assert code == ExitCode.OK
+    refused = {r["id"]: r for r in state(tmp_path, "unavailable.jsonl")}
+    assert set(refused) == {".", ".."} and refused[".."]["reason"] == redrive.DOT_SEGMENT
+    assert "put {id} in the query" in refused["."]["action"]
+    assert sorted(server.paths) == ["/items/...", "/items/a.b"]  # nothing went to /items/ or to /
