@@ -121,11 +121,17 @@ BODILESS_STATUSES = frozenset({204, 205})
 #: Query parameter names whose values are secrets and are shown redacted.
 SECRET_NAME = re.compile(r"key|token|secret|sig|passw|auth|credential|session", re.I)
 
+#: A key-like query parameter with a value, somewhere in a URL.
+KEY_PARAM = re.compile(r"[?&;][^=&#]*(?:" + SECRET_NAME.pattern + r")[^=&#]*=[^&#]", re.I)
+
 #: A ${VAR} reference, read from the environment at run time.
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 #: How long an interrupted or halted run waits for requests already in flight.
 GRACE_SECONDS = 5.0
+
+#: Pending ids report.json lists one by one; past that it gives their count.
+PENDING_LISTED = 1000
 
 #: How many unavailable ids the summary lists before pointing at the file.
 LISTED_UNAVAILABLE = 20
@@ -238,6 +244,7 @@ class ExitCode(IntEnum):
     UNREACHABLE = 69  #: the API's host stayed unreachable; its ids are left pending (EX_UNAVAILABLE)
     SOFTWARE = 70  #: a bug in redrive: state kept, traceback in STATE_DIR/crash.log (EX_SOFTWARE)
     LOCKED = 75  #: another run holds the state dir (EX_TEMPFAIL)
+    HANGUP = 129  #: SIGHUP: the terminal went away
     INTERRUPTED = 130  #: Ctrl+C
     TERMINATED = 143  #: SIGTERM
 
@@ -564,6 +571,28 @@ def recommend(bucket: Bucket, status: Optional[int], reason: str, passes: int, m
                "or rerun with --retry-unavailable once it is back"
     shown = status if status is not None else reason
     return f"still {shown} {after}: check {item} upstream, or rerun with --retry-unavailable"
+
+
+def keyed_ids_warning(ids: list) -> Optional[str]:
+    """A warning when URL-list ids carry a key in their query: the ledgers
+    keep ids as given (a rerun matches them against the ids file), so the
+    key is in done.txt and the other ledgers; outputs hide it."""
+    keyed = sum(1 for item_id in ids if "?" in item_id and KEY_PARAM.search(item_id))
+    if not keyed:
+        return None
+    return (f"{keyed} id{'s' if keyed != 1 else ''} carry a key-like query parameter: the state files keep ids "
+            "as given, key included (outputs show it as REDACTED); to keep a key out of every file, "
+            "send it with -H or --url as ${VAR}")
+
+
+def shown_id(item_id: str) -> str:
+    """An id as every output shows it: a URL's password and key-like query
+    values hidden. The ledgers keep ids as given (they are what a rerun
+    matches against the ids file)."""
+    try:
+        return redact_url(item_id) if "://" in item_id else item_id
+    except ValueError:  # not a URL after all (an unclosed '['): nothing in it is a query value
+        return item_id
 
 
 def redact_url(url: str) -> str:
@@ -1205,7 +1234,7 @@ def complete_lost_done(state: State, ledger: Ledger) -> None:
     if done_tail is None or done_tail.decode("utf-8", "replace") != item_id:  # written in lockstep
         ledger.append("done.txt", item_id)
         state.done.add(item_id)
-        state.repairs.append(f"done.txt: added {item_id!r}, whose result was stored just before a kill")
+        state.repairs.append(f"done.txt: added {shown_id(item_id)!r}, whose result was stored just before a kill")
 
 
 def latest_failure(state: State, item_id: str) -> Optional[dict]:
@@ -2331,7 +2360,7 @@ class Progress:
         """An event line, printed above the status line."""
         if not self.quiet:
             self.clear()
-            print(line, file=self.stream, flush=True)
+            print(shown_text(line), file=self.stream, flush=True)
 
     def clear(self) -> None:
         if self.shown:
@@ -2354,6 +2383,7 @@ PENDING_REASONS = {  #: why an id is still pending, by how the run ended
     "time": ("time budget reached", "rerun to resume"),
     "interrupted": ("run interrupted", "rerun to resume"),
     "terminated": ("run terminated", "rerun to resume"),
+    "hung up": ("run hung up (SIGHUP)", "rerun to resume"),
     "fatal": ("run halted by a fatal response", "fix the key or the account, then rerun to resume"),
     "unreachable": ("the API's host stayed unreachable", "rerun the same command once it is back"),
     "later": ("not due yet", "rerun the same command later"),
@@ -2361,55 +2391,67 @@ PENDING_REASONS = {  #: why an id is still pending, by how the run ended
 }
 
 
-def residue(ids: list, state: State, tally: Tally) -> list:
-    """Every id that is not done, with its state, reason and recommended action."""
-    rows = []
-    for item_id in [i for i in ids if i not in state.done]:
+def residue(ids: list, state: State, tally: Tally) -> tuple:
+    """(rows, pending): a row for every id that is unavailable or failed, with
+    its state, reason and recommended action, and for the first
+    PENDING_LISTED pending ids; and how many ids are pending in all. A run
+    stopped early over a million ids lists no million rows."""
+    rows, pending = [], 0
+    reason, action = PENDING_REASONS[tally.stop]
+    for item_id in ids:
+        if item_id in state.done:
+            continue
+        shown = shown_id(item_id)
         if item_id in state.unavailable:
             r = state.unavailable[item_id]
-            rows.append({"id": item_id, "state": "unavailable", "reason": r["reason"], "status": r["status"],
+            rows.append({"id": shown, "state": "unavailable", "reason": r["reason"], "status": r["status"],
                          "bucket": r["bucket"], "action": r["action"]})
         elif latest_failure(state, item_id):
             f = state.failed[item_id]
-            rows.append({"id": item_id, "state": "failed", "reason": f["error"], "status": f["status"],
+            rows.append({"id": shown, "state": "failed", "reason": f["error"], "status": f["status"],
                          "bucket": f["bucket"], "action": f"waits for pass {f['pass'] + 1}: rerun to continue"
                          if tally.stop != "later" else f"waits for pass {f['pass'] + 1}, due {f.get('due')}: "
                          "rerun the same command after then"})
         else:
-            reason, action = PENDING_REASONS[tally.stop]
-            rows.append({"id": item_id, "state": "pending", "reason": reason, "status": None,
-                         "bucket": None, "action": action})
-    return rows
+            pending += 1
+            if pending <= PENDING_LISTED:
+                rows.append({"id": shown, "state": "pending", "reason": reason, "status": None,
+                             "bucket": None, "action": action})
+    return rows, pending
 
 
-def group_residue(rows: list, cfg: Config) -> list:
+def group_residue(rows: list, pending: int, cfg: Config) -> list:
     """One line per (state, reason): how many ids, and the one thing to do about them."""
     groups = Counter((r["state"], r["reason"], r["status"], r["bucket"]) for r in rows)
+    actions = {(r["state"], r["reason"]): r["action"] for r in rows if r["state"] != "unavailable"}
     lines = []
     for (state, reason, status, bucket), count in groups.most_common():
         if state == "unavailable":
             action = recommend(Bucket(bucket), status, reason, cfg.passes, many=count > 1)
         else:
-            action = next(r["action"] for r in rows if (r["state"], r["reason"]) == (state, reason))
-        lines.append({"state": state, "reason": reason, "count": count, "action": action})
-    return lines
+            action = actions[(state, reason)]
+        lines.append({"state": state, "reason": reason, "count": pending if state == "pending" else count,
+                      "action": action})
+    return sorted(lines, key=lambda line: -line["count"])
 
 
 def build_report(ids: list, duplicates: int, state: State, tally: Tally, cfg: Config,
                  elapsed: float, redact: Redactor) -> dict:
     """report.json: what this run did and exactly what is missing, and why."""
-    rows = residue(ids, state, tally)
+    rows, pending = residue(ids, state, tally)
     counts = Counter(r["state"] for r in rows)
     return {
         "redrive": __version__, "ids_file": str(cfg.ids_file), "state_dir": str(cfg.state_dir),
         "url": redact(redact_url(cfg.url)), "finished_at": iso(time.time()),
         "exit_code": None, "stop": tally.stop or None, "elapsed_s": round(elapsed, 3),
         "requests": tally.requests, "passes": cfg.passes, "unreachable": tally.down,
-        "counts": {"input": len(ids), "duplicates": duplicates, "done": len(ids) - len(rows),
-                   "unavailable": counts["unavailable"], "failed": counts["failed"], "pending": counts["pending"]},
+        "counts": {"input": len(ids), "duplicates": duplicates,
+                   "done": len(ids) - counts["unavailable"] - counts["failed"] - pending,
+                   "unavailable": counts["unavailable"], "failed": counts["failed"], "pending": pending},
         "per_pass": {str(p): dict(c) for p, c in sorted(tally.per_pass.items())},
-        "reasons": group_residue(rows, cfg),
-        "unresolved": rows,
+        "reasons": group_residue(rows, pending, cfg),
+        "unresolved": [{**row, "id": redact(row["id"])} for row in rows],
+        "pending_listed": min(pending, PENDING_LISTED),
     }
 
 
@@ -2438,7 +2480,7 @@ def summarize(report: dict) -> list:
 
 def exit_code(report: dict) -> ExitCode:
     stops = {"fatal": ExitCode.FATAL, "interrupted": ExitCode.INTERRUPTED, "terminated": ExitCode.TERMINATED,
-             "unreachable": ExitCode.UNREACHABLE, "crash": ExitCode.SOFTWARE}
+             "unreachable": ExitCode.UNREACHABLE, "crash": ExitCode.SOFTWARE, "hung up": ExitCode.HANGUP}
     if report["stop"] in stops:
         return stops[report["stop"]]
     unsettled = report["counts"]["failed"] + report["counts"]["pending"]
@@ -2449,11 +2491,11 @@ def stop_lines(tally: Tally, cfg: Config, redact: Redactor) -> list:
     """What to say about a run that stopped early, and what to do next."""
     if tally.stop == "fatal":
         out = tally.fatal
-        return [f"redrive: halted: {out.error} for {tally.fatal_id!r} "
+        return [f"redrive: halted: {out.error} for {redact(shown_id(tally.fatal_id))!r} "
                 f"({redact(redact_url(build_url(cfg.url, tally.fatal_id)))})",
                 f"  body: {out.excerpt!r}",
                 "  nothing was marked failed; fix the key or the account, then rerun the same command to resume"]
-    if tally.stop in ("interrupted", "terminated"):
+    if tally.stop in ("interrupted", "terminated", "hung up"):
         return [f"redrive: {tally.stop}; {tally.abandoned} request(s) still in flight were left pending; "
                 "rerun the same command to resume"]
     down = tally.down and f"{tally.down['host']} unreachable ({tally.down['reason']}) since {tally.down['since']}"
@@ -2469,7 +2511,7 @@ def stop_lines(tally: Tally, cfg: Config, redact: Redactor) -> list:
                 "rerun the same command after then"]
     if tally.stop == "crash":
         crash = tally.crash
-        where = f" on id {crash['id']!r}" if crash["id"] is not None else ""
+        where = f" on id {redact(shown_id(crash['id']))!r}" if crash["id"] is not None else ""
         return [f"redrive: internal error{where}: {redact(crash['error'])[:300]}; the traceback is in "
                 f"{cfg.state_dir / 'crash.log'}; nothing was lost: rerun to resume, and please report it"]
     return []
@@ -2489,9 +2531,12 @@ def check(ids_file: Path, state_dir: Path, quiet: bool, out) -> ExitCode:
                 "result lines without a done line": sorted(results - state.done),
                 "torn last lines": torn}
     lines = [f"redrive check: {ids_file} ({len(ids)} ids) against {state_dir}"]
+    keyed = keyed_ids_warning(ids)
+    if keyed:
+        lines.append(f"  warning: {keyed}")
     lines += [f"  {label:<13}{counts[label]:>7}" for label in ("done", "unavailable", "failed", "pending")]
     lines.append(f"  {'not in input':<13}{len(known - wanted):>7}  (ids in the state that {ids_file.name} does not list)")
-    lines += [f"  {label}: {len(found)} ({', '.join(map(str, found[:5]))}{', ...' if len(found) > 5 else ''})"
+    lines += [f"  {label}: {len(found)} ({', '.join(shown_id(str(i)) for i in found[:5])}{', ...' if len(found) > 5 else ''})"
               for label, found in problems.items() if found]
     settled = counts["failed"] == counts["pending"] == 0
     consistent = not any(problems.values())
@@ -2499,7 +2544,7 @@ def check(ids_file: Path, state_dir: Path, quiet: bool, out) -> ExitCode:
                  ("; the state is consistent" if consistent else "; the state needs repair: the next run does it"))
     code = ExitCode.OK if settled and consistent else ExitCode.INCOMPLETE
     if code or not quiet:
-        print("\n".join(lines), file=out)
+        print("\n".join(map(shown_text, lines)), file=out)
     return code
 
 
@@ -2825,7 +2870,8 @@ class StopSignals:
     Every line is already written with os.write, so nothing flushed is lost."""
 
     CODES = {signal.SIGINT: ("interrupted", ExitCode.INTERRUPTED),
-             signal.SIGTERM: ("terminated", ExitCode.TERMINATED)}
+             signal.SIGTERM: ("terminated", ExitCode.TERMINATED),
+             **({signal.SIGHUP: ("hung up", ExitCode.HANGUP)} if hasattr(signal, "SIGHUP") else {})}
 
     def __init__(self, batch: Batch):
         self.batch, self.saved, self.seen = batch, {}, False
@@ -2857,6 +2903,9 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
         canonical = dict(zip(ids, ids))
     redact = Redactor(cfg.secrets + tuple(secret_query_values(cfg.url)))
     check_urls(cfg, ids, redact)
+    keyed = keyed_ids_warning(ids) if cfg.url == "{id}" and not cfg.quiet else None
+    if keyed:
+        print(f"redrive: warning: {keyed}", file=err)
     prepare_state_dir(cfg.state_dir)
     with RunLock(cfg.state_dir):
         settle_run_record(cfg, read_run_record(cfg.state_dir))
@@ -2867,7 +2916,7 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
         try:
             complete_lost_done(state, ledger)
             for note in state.repairs:
-                print(f"redrive: warning: {note}", file=err)
+                print(shown_text(f"redrive: warning: {redact(note)}"), file=err)
             progress = Progress(err, len(ids), fx.clock, cfg.quiet)
             batch = Batch(cfg, ledger, state, fx, redact, progress)
             plan(ids, state, cfg, batch, ledger, fx)
@@ -2889,13 +2938,15 @@ def finish(report: dict, tally: Tally, cfg: Config, redact: Redactor, err) -> Ex
     code = exit_code(report)
     report["exit_code"] = int(code)
     if tally.crash:
-        report["crash"] = {"id": tally.crash["id"], "error": redact(tally.crash["error"]), "log": "crash.log"}
+        crashed = tally.crash["id"]
+        report["crash"] = {"id": None if crashed is None else redact(shown_id(crashed)),
+                           "error": redact(tally.crash["error"]), "log": "crash.log"}
         write_crash_log(cfg.state_dir / "crash.log", tally.crash["id"], tally.crash["traceback"], redact)
     text = json.dumps(report, indent=1, ensure_ascii=False) + "\n"
     for path in filter(None, (cfg.state_dir / "report.json", cfg.report)):
         write_atomically(path, text)
     if code != ExitCode.OK or not cfg.quiet:
-        print("\n".join(stop_lines(tally, cfg, redact) + summarize(report)), file=err, flush=True)
+        print("\n".join(map(shown_text, stop_lines(tally, cfg, redact) + summarize(report))), file=err, flush=True)
     return code
 
 
@@ -3000,7 +3051,7 @@ def main(argv=None, *, fx: Effects = Effects(), err=None, out=None, environ=None
             server, cfg = demo_config(cfg)
         return int(run(cfg, fx, err))
     except RedriveError as exc:
-        print(f"redrive: error: {exc}", file=err)
+        print(shown_text(f"redrive: error: {exc}"), file=err)
         return int(exc.code)
     except KeyboardInterrupt:
         print("redrive: interrupted while starting; rerun the same command", file=err)

@@ -1077,7 +1077,7 @@ def wait_for_lines(path, count, proc, timeout=20.0):
     raise AssertionError(f"{path} never reached {count} lines")
 
 
-@pytest.mark.parametrize("signum, expected", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize("signum, expected", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_stop_signal_mid_run_then_rerun_resumes_without_refetching(server, tmp_path, signum, expected):
     ids = [f"n{i}" for i in range(300)]
     for item in ids:
@@ -1090,6 +1090,8 @@ def test_stop_signal_mid_run_then_rerun_resumes_without_refetching(server, tmp_p
     _, err = proc.communicate(timeout=10)
     assert proc.returncode == expected, err
     assert "rerun the same command to resume" in err
+    report = json.loads((tmp_path / "ids.redrive" / "report.json").read_text())
+    assert report["exit_code"] == expected and report["stop"] in ("interrupted", "terminated", "hung up")
     done_before = state(tmp_path, "done.txt")
     assert 20 <= len(done_before) < 300
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
@@ -2283,3 +2285,112 @@ def test_dot_segment_ids_are_never_sent_even_with_delete(server, tmp_path):
     assert set(refused) == {".", ".."} and refused[".."]["reason"] == redrive.DOT_SEGMENT
     assert "put {id} in the query" in refused["."]["action"]
     assert sorted(server.paths) == ["/items/...", "/items/a.b"]  # nothing went to /items/ or to /
+
+
+def test_a_url_env_value_never_reaches_a_file_even_outside_a_key_parameter(server, tmp_path):
+    environ = {"ACCOUNT": "acct-7781-private", "V": "v-99-private"}
+    ids = write_ids(tmp_path, ["a", "gone"])
+    server.replies["gone"] = [404]
+    code, err, _ = run_cli([ids, "--url", server.base + "/${ACCOUNT}/items/{id}?version=${V}"], environ=environ)
+    assert code == ExitCode.OK and server.hits["a"] == 1
+    assert state(tmp_path, "results.jsonl")[0]["url"].endswith("/***/items/a?version=***")
+    for text in (all_output(tmp_path), err):
+        assert "acct-7781-private" not in text and "v-99-private" not in text
+
+
+def test_keys_in_url_list_ids_are_hidden_in_every_output_and_warned_about(server, tmp_path):
+    ids = [f"{server.base}/items/a?api_key={SECRET}", f"{server.base}/items/gone?api_key={SECRET}"]
+    server.replies["gone"] = [404]
+    ids_file = write_ids(tmp_path, ids)
+    code, err, _ = run_cli([ids_file])
+    assert code == ExitCode.OK and "carry a key-like query parameter" in err
+    assert SECRET not in err and "gone?api_key=REDACTED" in err
+    report = (tmp_path / "ids.redrive" / "report.json").read_text()
+    assert SECRET not in report and "api_key=REDACTED" in report
+    assert state(tmp_path, "done.txt") == [ids[0]]  # the ledgers keep ids as given: the README says so
+    out = io.StringIO()
+    assert redrive.main([str(ids_file), "--check"], out=out, err=io.StringIO()) == ExitCode.OK
+    assert "carry a key-like query parameter" in out.getvalue() and SECRET not in out.getvalue()
+
+
+def test_a_secret_echoed_near_the_excerpt_cut_shows_none_of_its_characters(server, tmp_path):
+    server.replies["a"] = [(401, b"x" * 190 + SECRET.encode(), {})]
+    code, err, _ = crawl(server, tmp_path, ["a"], "-H", "X-Key: ${K}", environ={"K": SECRET})
+    assert code == ExitCode.FATAL and "x" * 190 + "***" in err and SECRET[:4] not in err
+
+
+def test_ids_and_reasons_reach_the_terminal_with_control_characters_escaped(server, tmp_path):
+    evil = "bad\x1b[2J\x1b]0;owned\x07\u202eid"
+    server.replies[evil] = [404]
+    code, err, _ = crawl(server, tmp_path, [evil])
+    assert code == ExitCode.OK and "\x1b" not in err and "\u202e" not in err and "\x07" not in err
+    assert "bad\\x1b[2J\\x1b]0;owned\\x07\\u202eid" in err
+    assert state(tmp_path, "unavailable.jsonl")[0]["id"] == evil  # the state keeps it exact
+
+
+def test_a_reason_without_a_status_is_said_once(raw_server, tmp_path):
+    raw_server.replies["x"] = [[answer(302, headers=[("Location", "file:///etc/passwd")])]]
+    code, err, _ = crawl(raw_server, tmp_path, ["x"])
+    assert code == ExitCode.OK and err.count("redirect to an unsupported URL") == 2  # the group, and the id
+    assert "redirect to an unsupported URL: redirect to" not in err
+
+
+def test_a_stopped_run_over_many_ids_lists_pending_ids_by_count_not_one_by_one(server, tmp_path):
+    ids = [f"p{n}" for n in range(3000)]
+    server.replies.update({item: [("sleep", 0.01, 200)] for item in ids[:10]})
+    code, err, _ = crawl(server, tmp_path, ids, "--max-time", "0.05", fake=FastForward())
+    report = json.loads((tmp_path / "ids.redrive" / "report.json").read_text())
+    pending = report["counts"]["pending"]
+    assert code == ExitCode.INCOMPLETE and 2000 < pending < 3000
+    assert report["pending_listed"] == redrive.PENDING_LISTED == 1000
+    assert len([r for r in report["unresolved"] if r["state"] == "pending"]) == 1000
+    assert report["counts"]["done"] + pending == 3000
+    [group] = report["reasons"]
+    assert group == {"state": "pending", "reason": "time budget reached", "count": pending, "action": "rerun to resume"}
+    assert f"{pending} x pending, time budget reached" in err
+
+
+@pytest.mark.parametrize("shape, message", [
+    ({"url": None}, "not a redrive run record (bad 'url')"),
+    ({"headers": "X-Key"}, "not a redrive run record (bad 'headers')"),
+    ({"future_field": 1}, "written by redrive 9.9, whose request has fields this version does not know (future_field)"),
+])
+def test_a_damaged_or_newer_run_json_is_one_line_and_exit_2(server, tmp_path, shape, message):
+    crawl(server, tmp_path, ["a"])
+    path = tmp_path / "ids.redrive" / "run.json"
+    record = json.loads(path.read_text())
+    record["shape"].update(shape)
+    record["redrive"] = "9.9"
+    path.write_text(json.dumps(record))
+    code, err, _ = crawl(server, tmp_path, ["a", "b"])
+    assert code == ExitCode.USAGE and err.count("\n") == 1 and message in err and server.hits["b"] == 0
+
+
+def test_a_changed_request_names_the_changed_fields(server, tmp_path):
+    crawl(server, tmp_path, ["a"])
+    code, err, _ = crawl(server, tmp_path, ["a"], "--method", "PUT", "--expect-json")
+    assert code == ExitCode.USAGE and "method: 'GET' -> 'PUT'; expect_json: False -> True" in err
+
+
+LEDGER_VALUES = st.none() | st.booleans() | st.integers(-5, 1000) | st.floats(allow_nan=False) | st.text(max_size=30) | \
+    st.just("2026-01-01T00:00:00.000000Z") | st.sampled_from(["retryable", "skip", "ok"])
+
+
+@given(name=st.sampled_from(["failed.jsonl", "unavailable.jsonl", "results.jsonl"]),
+       record=st.fixed_dictionaries({"id": st.text(max_size=5) | st.integers()},
+                                    optional={key: LEDGER_VALUES for key in
+                                              ("pass", "bucket", "status", "error", "tries", "at", "reason",
+                                               "action", "url", "fetched_at", "retry_after", "due")}))
+@settings(max_examples=150, deadline=None)
+def test_any_json_line_with_an_id_in_a_state_file_is_read_or_refused_in_one_line(tmp_path_factory, name, record):
+    tmp_path = tmp_path_factory.mktemp("ledger")
+    ids = write_ids(tmp_path, ["a"])
+    sdir = tmp_path / "ids.redrive"
+    sdir.mkdir()
+    (sdir / name).write_text(json.dumps(record) + "\n")
+    url = f"http://127.0.0.1:{closed_port()}/{{id}}"
+    for argv in ([ids, "--check"], [ids, "--url", url, "--tries", "1", "--passes", "1"]):
+        code, err, _ = run_cli(argv)
+        assert code in (0, 1, 2, 69), err
+        if code == ExitCode.USAGE:
+            assert err.count("\n") == 1 and "not a redrive record" in err, err
