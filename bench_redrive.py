@@ -11,6 +11,8 @@ Scenarios (all by default):
   rate-limited   3,000 ids; the server allows 100 requests a second and answers
                  429 with a Retry-After beyond that; concurrency 32, no --rate
   resume         1,000,000 ids of which 999,990 are done already
+  stop           1,000,000 ids, stopped by SIGTERM, by SIGHUP and by --max-time 5
+                 soon after the first answers: how long from the stop to the exit
   chaos          10,000 ids; every socket-level fault of the tests' FAULTS table
                  at 1% each (half of the retryable ones recover after one try),
                  every odd-but-usable answer of ODD_ANSWERS at 1%, and 1%
@@ -381,6 +383,47 @@ def resume(folder, count, opt, left=10):
     show_error(run)
 
 
+# ------------------------------------------------------------------- stop
+
+
+def stop(folder, count, opt):
+    """A huge run stopped early: the time from the stop to the exit, and what report.json weighs."""
+    proc, base = start_server(0.0)
+    rows = []
+    try:
+        ids = write_ids(folder, count)
+        for how in ("SIGTERM", "SIGHUP", "--max-time 5"):
+            shutil.rmtree(folder / "ids.redrive", ignore_errors=True)
+            rows.append(stopped_run(ids, base, folder / "ids.redrive", how))
+    finally:
+        proc.terminate()
+    table(f"stop: {count} ids, no latency, concurrency 32, stopped once answers flow", rows)
+
+
+def stopped_run(ids, base, state, how):
+    """(label, figures) for one run stopped by a signal 0.5 s after its first done line, or by --max-time."""
+    options = how.split() if how.startswith("--") else []
+    started = time.monotonic()
+    proc = subprocess.Popen(redrive_cmd(ids, base, "--concurrency", "32", *options),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while not (state / "done.txt").exists() or not (state / "done.txt").stat().st_size:
+        time.sleep(0.01)
+    first = time.monotonic()
+    if options:
+        stop_at = started + 5.0  # the budget starts after the ids are read: this overstates the delay a little
+    else:
+        time.sleep(0.5)
+        stop_at = time.monotonic()
+        proc.send_signal(getattr(__import__("signal"), how))
+    _, status, usage = os.wait4(proc.pid, 0)
+    ended = time.monotonic()
+    report = state / "report.json"
+    size = report.stat().st_size / 1e6 if report.exists() else 0.0
+    return (f"{how} (exit {os.waitstatus_to_exitcode(status)})",
+            f"start to first answer {first - started:.2f} s, stop to exit {ended - stop_at:.2f} s (target <= 2 s), "
+            f"report.json {size:.2f} MB, peak memory {usage.ru_maxrss / 1024:.0f} MB")
+
+
 # ------------------------------------------------------------------ chaos
 
 CHAOS_OPTIONS = ["--timeout", "0.3", "--max-bytes", "1000000", "--backoff", "0.1", "--max-backoff", "1",
@@ -535,9 +578,9 @@ def fs_type(folder):
 
 
 SCENARIOS = {"clean": clean, "flaky": flaky, "rate-limited": rate_limited, "resume": resume, "fsync": fsync,
-             "chaos": chaos}
+             "stop": stop, "chaos": chaos}
 COUNTS = {"clean": 10_000, "flaky": 10_000, "rate-limited": 3_000, "resume": 1_000_000, "fsync": 5_000,
-          "chaos": 10_000}
+          "stop": 1_000_000, "chaos": 10_000}
 
 
 def main(argv=None):
