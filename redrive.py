@@ -52,8 +52,8 @@ Retry-After), the run ends at once with exit 1 and says when to rerun.
 Exit codes: 0 every id settled, 1 some ids pending or failed, 2 usage or
 input error, 3 halted by a fatal response, 69 the API's host stayed
 unreachable, 70 a bug in redrive (state kept, traceback in STATE_DIR/crash.log),
-75 another run holds the state dir, 130 interrupted (Ctrl+C), 143 terminated
-(SIGTERM).
+75 another run holds the state dir, 129 hung up (SIGHUP), 130 interrupted
+(Ctrl+C), 143 terminated (SIGTERM).
 """
 
 from __future__ import annotations
@@ -2866,7 +2866,7 @@ def refuse_foreign_files(state_dir: Path) -> None:
 
 
 class StopSignals:
-    """SIGINT and SIGTERM ask the batch to stop; a second one exits at once.
+    """SIGINT, SIGTERM and SIGHUP ask the batch to stop; a second one exits at once.
     Every line is already written with os.write, so nothing flushed is lost."""
 
     CODES = {signal.SIGINT: ("interrupted", ExitCode.INTERRUPTED),
