@@ -62,6 +62,7 @@ import argparse
 import base64
 import codecs
 import dataclasses
+import difflib
 import email.utils
 import functools
 import hashlib
@@ -95,9 +96,17 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional
 from urllib.parse import quote, quote_plus, urlsplit, urlunsplit
 
-import requests
-import urllib3
-from requests.adapters import HTTPAdapter
+try:
+    import requests
+    import urllib3
+    from requests.adapters import HTTPAdapter
+except ImportError as missing:  # run by a python without requests: say how to get it, no traceback
+    if __name__ != "__main__":
+        raise
+    sys.stderr.write(f"redrive: error: {missing.name} is not installed for {sys.executable}; install it with "
+                     f"'{sys.executable} -m pip install -r requirements.txt', or run redrive with the python of "
+                     "the virtualenv that has it (see the README's set-up)\n")
+    sys.exit(2)
 
 __version__ = "0.1.0"
 
@@ -247,6 +256,21 @@ class ExitCode(IntEnum):
     HANGUP = 129  #: SIGHUP: the terminal went away
     INTERRUPTED = 130  #: Ctrl+C
     TERMINATED = 143  #: SIGTERM
+
+
+#: What each exit code tells a script or a cron job: --help ends with these.
+EXIT_MEANINGS = {
+    ExitCode.OK: "every id settled: done, or confirmed unavailable",
+    ExitCode.INCOMPLETE: "some ids pending or failed (--max-time, a later pass, a long wait): rerun",
+    ExitCode.USAGE: "bad command line, input or state: one line says what and how to fix it",
+    ExitCode.FATAL: "halted: a fatal answer (401, 402), or every first answer failed alike",
+    ExitCode.UNREACHABLE: "the API's host stayed unreachable; nothing marked failed: rerun later",
+    ExitCode.SOFTWARE: "a bug in redrive; state kept, traceback in STATE_DIR/crash.log",
+    ExitCode.LOCKED: "another run holds the state dir",
+    ExitCode.HANGUP: "hung up (SIGHUP): rerun to resume",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl+C): rerun to resume",
+    ExitCode.TERMINATED: "terminated (SIGTERM): rerun to resume",
+}
 
 
 class Bucket(Enum):
@@ -1951,6 +1975,7 @@ class Batch:
         self.end_at = None if cfg.max_time is None else fx.clock() + cfg.max_time
         self.sleep = fx.sleep or self.wake.wait
         self.started_passes = set()
+        self.last_due = 0.0  #: when the last id scheduled for a later pass is due (for the ETA)
 
     # -- scheduling
 
@@ -1958,6 +1983,7 @@ class Batch:
         """Put an id on the timeline: ready now goes to its host's queue."""
         if item.pass_no > 1 and item.tries == 0:
             self.counts["awaiting"] += 1
+            self.last_due = max(self.last_due, ready_at)
         if not item.host:
             item.host = self.fixed_host or host_of(self.cfg.url, item.id)
         if ready_at <= self.fx.clock():
@@ -2315,11 +2341,14 @@ class Progress:
     """The status line on stderr: rewritten in place a few times a second on
     a terminal, one plain line every 30 s anywhere else, nothing with -q."""
 
-    def __init__(self, stream, total: int, clock: Callable[[], float], quiet: bool):
+    def __init__(self, stream, total: int, clock: Callable[[], float], quiet: bool,
+                 width: Optional[Callable[[], int]] = None):
         self.stream, self.total, self.clock = stream, total, clock
         self.quiet = quiet
         self.tty = bool(getattr(stream, "isatty", lambda: False)())
         self.interval = TTY_INTERVAL if self.tty else LOG_INTERVAL
+        self.span = max(RATE_WINDOW, 2 * self.interval)  #: rates over at least the time since the last line
+        self.width = width or self.columns  #: asked anew for each line: the terminal may have been resized
         self.next_at = clock() + self.interval
         self.window = [(clock(), 0, 0)]  #: (time, requests, settled) samples for the rates
         self.shown = False
@@ -2327,12 +2356,22 @@ class Progress:
     def due_in(self) -> Optional[float]:
         return None if self.quiet else max(0.0, self.next_at - self.clock())
 
+    def columns(self) -> int:
+        """The width of the terminal the line goes to (stderr's, not stdout's)."""
+        try:
+            columns = os.get_terminal_size(self.stream.fileno()).columns
+        except (AttributeError, OSError, ValueError):
+            columns = 0
+        return columns or shutil.get_terminal_size((100, 24)).columns  # 0: a terminal that does not say
+
     def tick(self, batch: "Batch") -> None:
         now = self.clock()
         if self.quiet or now < self.next_at:
             return
         self.next_at = now + self.interval
         line = self.render(batch, now)
+        if self.tty:  # one row, or every rewrite after a resize leaves a stale wrapped line behind
+            line = line[:max(10, self.width() - 1)]
         self.stream.write(f"\r{line}\x1b[K" if self.tty else f"redrive: {line}\n")
         self.stream.flush()
         self.shown = self.tty
@@ -2340,21 +2379,33 @@ class Progress:
     def render(self, batch: "Batch", now: float) -> str:
         done, unavailable = batch.counts["done"], batch.counts["unavailable"]
         self.window.append((now, batch.tally.requests, done + unavailable))
-        self.window = [w for w in self.window if now - w[0] <= RATE_WINDOW] or self.window[-1:]
+        recent = [w for w in self.window if now - w[0] <= self.span]
+        self.window = recent if len(recent) > 1 else self.window[-2:]  # at least since the last line
         span = max(now - self.window[0][0], 1e-9)
         rate = (self.window[-1][1] - self.window[0][1]) / span
         settling = (self.window[-1][2] - self.window[0][2]) / span
         parts = [f"pass {max(batch.started_passes, default=1)}", f"{done}/{self.total} done",
-                 f"{unavailable} unavailable", f"{batch.counts['awaiting']} failed", f"{rate:.1f} req/s"]
+                 f"{unavailable} unavailable", f"{batch.counts['awaiting']} failed",
+                 f"{rate:.1f} req/s" if rate >= 1 or not rate else f"{rate:.2f} req/s"]
         paused = max((batch.hosts[name].paused_until for name in batch.active), default=0.0)
-        if paused > now:
-            parts.append(f"throttled, pausing {paused - now:.0f} s")
-        elif not batch.inflight and not batch.active and batch.heap and batch.heap[0][0] > now:
-            parts.append(f"waiting {batch.heap[0][0] - now:.0f} s")
+        if paused - now >= 0.5:
+            parts.append(f"throttled, pausing {duration(paused - now)}")
+        elif not batch.inflight and not batch.active and batch.heap and batch.heap[0][0] - now >= 0.5:
+            parts.append(f"waiting {duration(batch.heap[0][0] - now)}")
         left = self.total - done - unavailable
-        if settling > 0 and left:
-            parts.append(f"ETA {duration(left / settling)}")
+        if left:
+            parts.append(f"ETA {self.eta(left, settling, batch, now)}")
         return ", ".join(parts)
+
+    @staticmethod
+    def eta(left: int, settling: float, batch: "Batch", now: float) -> str:
+        """Time to the end: the ids left at the pace they settle, but no sooner
+        than the last id waiting for a later pass is due, plus its own turn."""
+        if settling <= 0:
+            return "not known yet"
+        awaiting = batch.counts["awaiting"]
+        later = max(0.0, batch.last_due - now) + awaiting / settling if awaiting else 0.0
+        return duration(max(left / settling, later))
 
     def say(self, line: str) -> None:
         """An event line, printed above the status line."""
@@ -2677,10 +2728,15 @@ def start_demo_server() -> DemoServer:
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse that reports a usage error as a RedriveError, not sys.exit."""
+    """argparse that reports a usage error as a RedriveError, not sys.exit,
+    and suggests the option a typo was meant to be."""
 
     def error(self, message):
-        raise RedriveError(f"{message}; see --help")
+        unknown = re.findall(r"(?<!\S)(--?[\w-]+)", message.partition("unrecognized arguments:")[2])
+        options = [o for o in self._option_string_actions if o.startswith("--")]
+        guesses = [difflib.get_close_matches(word.split("=")[0], options, n=1, cutoff=0.6) for word in unknown]
+        hint = "".join(f"; did you mean {guess[0]}?" for guess in guesses if guess)
+        raise RedriveError(f"{message}{hint}; see --help")
 
 
 def bounded(kind: str, low: float, high: float, whole: bool = False, above: bool = False) -> Callable:
@@ -2727,7 +2783,9 @@ EXAMPLES = """examples:
   python redrive.py sample_ids.txt --demo
   python redrive.py ids.txt --url 'https://api.example.com/items/{id}' \\
       -H 'X-API-Key: ${API_KEY}' -q
-"""
+
+exit codes:
+""" + "".join(f"  {int(code):<4}{meaning}\n" for code, meaning in EXIT_MEANINGS.items())
 
 
 REQUEST_OPTIONS = ("url", "header", "method", "data", "expect_json", "require", "require_field", "demo")
@@ -2990,6 +3048,9 @@ class SafeStream:
             return not self.dead and self.stream.isatty()
         except (OSError, ValueError, AttributeError):
             return False
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
 
     def _do(self, action) -> None:
         if self.dead:

@@ -1529,7 +1529,8 @@ def test_progress_off_a_terminal_is_a_plain_line_every_30_s(server, tmp_path):
     code, err, fake = crawl(server, tmp_path, ["f", "g"], "--tries", "1", "--cooldown", "70")
     assert code == ExitCode.OK and fake.sleeps == [70.0]
     lines = [x for x in err.splitlines() if re.match(r"redrive: pass \d+, ", x)]
-    assert lines == ["redrive: pass 1, 1/2 done, 0 unavailable, 1 failed, 0.0 req/s"]
+    # 2 requests and 1 id settled in the 70 s since the start; f is due for pass 2 now, and takes its turn
+    assert lines == ["redrive: pass 1, 1/2 done, 0 unavailable, 1 failed, 0.03 req/s, ETA 1m10s"]
     assert "\r" not in err and "\x1b" not in err
 
 
@@ -1559,6 +1560,33 @@ def test_progress_on_a_terminal_rewrites_one_line_and_hides_secrets(server, tmp_
     statuses = re.findall(r"\r(pass 1, \d+/120 done[^\r\x1b]*)\x1b\[K", text)
     assert len(statuses) >= 2 and "req/s" in statuses[-1]
     assert SECRET not in text
+
+
+def test_progress_on_a_narrow_terminal_never_wraps(server, tmp_path):
+    import fcntl
+    import pty
+    import termios
+    ids = [f"p{i}" for i in range(150)]
+    server.replies.update({item: [("sleep", 0.01, 200)] for item in ids})
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 50, 0, 0))  # 50 columns
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    proc = subprocess.Popen(redrive_cmd(write_ids(tmp_path, ids), "--url", server.template, "--concurrency", "2"),
+                            stdin=slave, stdout=subprocess.DEVNULL, stderr=slave, env=env)
+    os.close(slave)
+    output = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        output += chunk
+    assert proc.wait(timeout=30) == 0
+    statuses = re.findall(r"\r(pass 1, [^\r\x1b]*)\x1b\[K", output.decode())
+    assert len(statuses) >= 2 and all(len(line) <= 49 for line in statuses)
+    assert any(len(line) == 49 for line in statuses)  # it had more to say, and was cut to fit
 
 
 def test_report_json_lists_every_unresolved_id_with_reason_and_action(server, tmp_path):
