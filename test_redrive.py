@@ -1061,6 +1061,20 @@ def test_help_and_version(capsys):
     assert redrive.main(["--help"]) == 0
     out = capsys.readouterr().out
     assert "examples:" in out and "--retry-unavailable" in out
+    codes = out.split("exit codes:\n")[1].splitlines()
+    assert [int(line.split()[0]) for line in codes] == [int(code) for code in ExitCode]  # one line each, the last
+
+
+def test_a_mistyped_option_gets_the_closest_one_suggested(tmp_path):
+    code, err, _ = run_cli([write_ids(tmp_path, ["a"]), "--concurency", "8"])
+    assert code == ExitCode.USAGE and "did you mean --concurrency?" in err and err.count("\n") == 1
+
+
+def test_without_requests_installed_one_line_says_how_to_install_it(tmp_path):
+    proc = subprocess.run([sys.executable, "-S", str(HERE / "redrive.py"), str(write_ids(tmp_path, ["a"]))],
+                          capture_output=True, text=True, timeout=30)  # -S: no site-packages, so no requests
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert "requests is not installed" in proc.stderr and "-m pip install -r requirements.txt" in proc.stderr
 
 
 # -------------------------------------------------- processes and signals
