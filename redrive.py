@@ -130,6 +130,12 @@ BODILESS_STATUSES = frozenset({204, 205})
 #: Query parameter names whose values are secrets and are shown redacted.
 SECRET_NAME = re.compile(r"key|token|secret|sig|passw|auth|credential|session", re.I)
 
+#: A header value run.json may keep, to re-read on a rerun: a ${VAR}
+#: reference, alone or after an auth scheme word, whose literal text holds
+#: no secret. Any other literal could be one, and is never stored.
+STORABLE_HEADER = re.compile(r"(?:(?i:bearer|token|basic|bot|digest|apikey|api-key|key|jwt|sso-key)\s+)?"
+                             r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")
+
 #: A key-like query parameter with a value, somewhere in a URL.
 KEY_PARAM = re.compile(r"[?&;][^=&#]*(?:" + SECRET_NAME.pattern + r")[^=&#]*=[^&#]", re.I)
 
@@ -983,7 +989,7 @@ def parse_header(text: str, environ) -> tuple:
     except UnicodeEncodeError:
         raise RedriveError(f"-H {name}: the value has characters HTTP headers cannot carry (only Latin-1); "
                            "percent-encode them, or leave them out") from None
-    return name, value, spec if ENV_REF.fullmatch(spec) else None
+    return name, value, spec if STORABLE_HEADER.fullmatch(spec) else None
 
 
 # ------------------------------------------------------------ state files
@@ -997,6 +1003,7 @@ class State:
     failed: dict = field(default_factory=dict)  #: id -> latest failed record
     unavailable: dict = field(default_factory=dict)  #: id -> latest record
     repairs: list = field(default_factory=list)  #: warnings about what was mended
+    fresh: set = field(default_factory=set)  #: ids this run moved to unavailable: news for a person
 
 
 class Ledger:
@@ -1359,22 +1366,32 @@ def write_atomically(path: Path, text: str) -> None:
         raise RedriveError(f"{path}: cannot write ({exc.strerror}); check the state dir") from None
 
 
-def recorded_request(record: dict) -> dict:
-    """The request options a rerun without any of them takes from run.json."""
+def recorded_request(record: dict, given: frozenset = frozenset()) -> dict:
+    """The request options a rerun takes from run.json: each one it does not
+    name (given: the ones it names). A secret redrive did not store is asked
+    for again only when it is needed."""
     shape = record["shape"]
-    if "REDACTED" in shape["url"]:
-        raise RedriveError("run.json keeps the --url with its secret redacted; give --url again "
-                           "(write the secret as ${VAR} and it can be reused)")
+    if shape["url"] == "--demo":
+        recorded = {"url": None, "demo": True}
+    else:
+        recorded = {"url": shape["url"], "demo": False}
+        if "REDACTED" in shape["url"] and not given & {"url", "demo"}:
+            raise RedriveError("run.json keeps the --url with its secret redacted; give --url again "
+                               "(write the secret as ${VAR} and it can be reused)")
     headers = []
-    for header in record.get("headers", []):
+    for header in record.get("headers", []) if "header" not in given else ():
         if header.get("value") is None:
             raise RedriveError(f"header {header.get('name')} was given as a literal value, which redrive does not "
-                               "store; give -H again (write it as ${VAR} and it can be reused)")
+                               "store; give -H again, the rest of the request is reused (write it as "
+                               "'${VAR}' or 'Bearer ${VAR}' and it can be reused too)")
         headers.append(f"{header['name']}: {header['value']}")
-    return {"url": None if shape["url"] == "--demo" else shape["url"], "demo": shape["url"] == "--demo",
-            "header": headers, "method": shape["method"], "data": shape["data"],
-            "expect_json": shape["expect_json"], "require": shape["require"],
-            "require_field": shape["require_field"]}
+    recorded.update({"header": headers, "method": shape["method"], "data": shape["data"],
+                     "expect_json": shape["expect_json"], "require": shape["require"],
+                     "require_field": shape["require_field"]})
+    taken = {key: value for key, value in recorded.items() if key not in given}
+    if given & {"url", "demo"}:
+        taken.pop("url", None), taken.pop("demo", None)  # the target comes from the command line, whole
+    return taken
 
 
 # ------------------------------------------------------------------- HTTP
@@ -2296,6 +2313,7 @@ class Batch:
                                     self.fx.wallclock(), self.cfg.passes)
         self.ledger.record("unavailable.jsonl", record)
         self.state.unavailable[item.id] = record
+        self.state.fresh.add(item.id)
         self.counts["unavailable"] += 1
         self.tally.count(item.pass_no, "unavailable")
 
@@ -2332,6 +2350,7 @@ def settle_exhausted(item_id, last, ledger, state, cfg, wall) -> None:
                                 last["tries"], wall, cfg.passes)
     ledger.record("unavailable.jsonl", record)
     state.unavailable[item_id] = record
+    state.fresh.add(item_id)
 
 
 # ----------------------------------------------------------------- report
@@ -2456,7 +2475,7 @@ def residue(ids: list, state: State, tally: Tally) -> tuple:
         if item_id in state.unavailable:
             r = state.unavailable[item_id]
             rows.append({"id": shown, "state": "unavailable", "reason": r["reason"], "status": r["status"],
-                         "bucket": r["bucket"], "action": r["action"]})
+                         "bucket": r["bucket"], "action": r["action"], "new": item_id in state.fresh})
         elif latest_failure(state, item_id):
             f = state.failed[item_id]
             rows.append({"id": shown, "state": "failed", "reason": f["error"], "status": f["status"],
@@ -2501,6 +2520,7 @@ def build_report(ids: list, duplicates: int, state: State, tally: Tally, cfg: Co
                    "unavailable": counts["unavailable"], "failed": counts["failed"], "pending": pending},
         "per_pass": {str(p): dict(c) for p, c in sorted(tally.per_pass.items())},
         "reasons": group_residue(rows, pending, cfg),
+        "new_unavailable": len(state.fresh),
         "unresolved": [{**row, "id": redact(row["id"])} for row in rows],
         "pending_listed": min(pending, PENDING_LISTED),
     }
@@ -2862,9 +2882,10 @@ def default_state_dir(args) -> Path:
 
 def config_from_args(args, environ, record: Optional[dict]) -> Config:
     """Turn parsed options into the one frozen Config, checking what argparse cannot.
-    A rerun that names no request option takes them from run.json."""
-    if record is not None and not any(getattr(args, name) for name in REQUEST_OPTIONS):
-        args = argparse.Namespace(**{**vars(args), **recorded_request(record)})
+    A rerun takes every request option it does not name from run.json."""
+    if record is not None:
+        given = frozenset(name for name in REQUEST_OPTIONS if getattr(args, name))
+        args = argparse.Namespace(**{**vars(args), **recorded_request(record, given)})
     if args.demo and args.url:
         raise RedriveError("--demo brings its own server; leave out --url")
     method = args.method or "GET"
@@ -3003,7 +3024,7 @@ def finish(report: dict, tally: Tally, cfg: Config, redact: Redactor, err) -> Ex
     text = json.dumps(report, indent=1, ensure_ascii=False) + "\n"
     for path in filter(None, (cfg.state_dir / "report.json", cfg.report)):
         write_atomically(path, text)
-    if code != ExitCode.OK or not cfg.quiet:
+    if code != ExitCode.OK or not cfg.quiet or report["new_unavailable"]:  # -q: silent when nothing is news
         print("\n".join(map(shown_text, stop_lines(tally, cfg, redact) + summarize(report))), file=err, flush=True)
     return code
 

@@ -915,6 +915,20 @@ def test_netrc_credentials_are_sent_to_their_host_and_recorded_nowhere(server, t
     assert SECRET not in "".join(p.read_text() for p in (tmp_path / "ids.redrive").iterdir() if p.is_file())
 
 
+def test_quiet_speaks_once_when_ids_went_unavailable_then_is_silent_again(server, tmp_path):
+    server.replies["bad"] = [500]
+    ids = ["a", "bad"]
+    code, err, _ = crawl(server, tmp_path, ids, "-q", "--tries", "1")
+    assert code == ExitCode.OK
+    assert "1 x 500 Internal Server Error: still 500 after 2 passes" in err and "bad: 500" in err
+    report = json.loads((tmp_path / "ids.redrive" / "report.json").read_text())
+    assert report["new_unavailable"] == 1 and report["unresolved"][0]["new"] is True
+    code, err, _ = crawl(server, tmp_path, [*ids, "c"], "-q")
+    assert code == ExitCode.OK and err == ""  # nothing new for a person: cron mails nothing
+    report = json.loads((tmp_path / "ids.redrive" / "report.json").read_text())
+    assert report["new_unavailable"] == 0 and report["unresolved"][0]["new"] is False
+
+
 def test_quiet_prints_nothing_on_success_and_the_summary_on_failure(server, tmp_path):
     code, err, _ = crawl(server, tmp_path, ["a"], "-q")
     assert code == ExitCode.OK and err == ""
@@ -1264,6 +1278,36 @@ def test_a_bare_rerun_asks_again_for_a_literal_header(server, tmp_path):
     code, err, _ = run_cli([ids])
     assert code == ExitCode.USAGE and "header X-API-Key was given as a literal value" in err
     assert "literal-value" not in err
+    server.replies["b"] = [200]
+    code, err, _ = run_cli([ids, "-H", "X-API-Key: literal-value"])  # -H again: the recorded --url is reused
+    assert code == ExitCode.OK, err
+    assert server.seen_headers[-1]["X-API-Key"] == "literal-value" and state(tmp_path, "done.txt") == ["a", "b"]
+
+
+def test_the_readmes_bearer_header_resumes_on_a_bare_rerun_in_a_real_process(server, tmp_path):
+    ids = [f"n{i}" for i in range(200)]
+    server.replies.update({item: [("sleep", 0.01, 200)] for item in ids})
+    ids_file = write_ids(tmp_path, ids)
+    env = {**os.environ, "API_KEY": SECRET}
+    cmd = redrive_cmd(ids_file, "--url", server.template, "-H", "Authorization: Bearer ${API_KEY}", "--concurrency", "2")
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
+    wait_for_lines(tmp_path / "ids.redrive" / "done.txt", 10, proc)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=10) == ExitCode.INTERRUPTED
+    proc = subprocess.run(redrive_cmd(ids_file), capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert {h["Authorization"] for h in server.seen_headers} == {f"Bearer {SECRET}"}
+    assert sorted(state(tmp_path, "done.txt")) == sorted(ids) and max(server.hits.values()) == 1
+    assert SECRET not in all_output(tmp_path)
+    recorded = json.loads((tmp_path / "ids.redrive" / "run.json").read_text())["headers"]
+    assert recorded == [{"name": "Authorization", "value": "Bearer ${API_KEY}"}]
+
+
+@pytest.mark.parametrize("value", ["Bearer sk-live-1234", "Token ${K} extra", "key=${K}"])
+def test_a_header_whose_literal_text_could_be_a_secret_is_never_stored(server, tmp_path, value):
+    code, _, _ = crawl(server, tmp_path, ["a"], "-H", f"Authorization: {value}", environ={"K": "k-value"})
+    recorded = json.loads((tmp_path / "ids.redrive" / "run.json").read_text())["headers"]
+    assert code == ExitCode.OK and recorded == [{"name": "Authorization", "value": None}]
 
 
 def test_url_secrets_given_as_env_references_are_reusable(server, tmp_path):
