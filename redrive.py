@@ -199,6 +199,11 @@ POOLED_HOSTS = 16
 #: Hosts whose proxy and .netrc settings are remembered (see HostSettings).
 REMEMBERED_HOSTS = 1024
 
+#: The misconfiguration guard halts when this many first answers fail alike
+#: (or all of them, in a run of fewer ids, but at least GUARD_MIN).
+GUARD_SAMPLE = 20
+GUARD_MIN = 5
+
 #: The reasons transport_failure gives a request that never reached its host.
 UNREACHED_REASONS = frozenset({"connection refused", "host name not found"})
 
@@ -334,6 +339,7 @@ class Config:
     report: Optional[Path] = None
     demo: bool = False
     allow_config_change: bool = False
+    guard: bool = True  #: halt when the first answers of a fresh state dir all fail alike
     retry_unsafe: bool = False  #: retry POST/PATCH even when the attempt may have been processed
     secrets: tuple = ()  #: header values and ${VAR} values: shown as *** if ever echoed
 
@@ -508,6 +514,46 @@ def never_connected(exc: BaseException) -> bool:
     """
     return any(isinstance(e, (requests.exceptions.ConnectTimeout, urllib3.exceptions.ConnectTimeoutError,
                               urllib3.exceptions.NewConnectionError)) for e in exception_chain(exc))
+
+
+def misconfiguration_sign(out: "Outcome", cfg: "Config") -> Optional[str]:
+    """What an answer says when it may mean that the whole set-up is wrong,
+    not this id: a client error (the same 404 for every id: a wrong --url, or
+    a CSV header taken for ids), a TLS failure, not JSON under --expect-json.
+    None for an answer that says nothing of the kind."""
+    if out.bucket is Bucket.SKIP and out.status is not None and 400 <= out.status < 500:
+        return status_reason(out.status)
+    if out.error.startswith("TLS error"):
+        return out.error
+    if cfg.expect_json and out.error == "invalid JSON":
+        return "not JSON (--expect-json)"
+    return None
+
+
+class Guard:
+    """The misconfiguration guard of a run with nothing done yet.
+
+    It holds back the first answers while they all fail alike; once `size`
+    of them agree, it trips: the run halts like a fatal answer and nothing is
+    recorded for them (they stay pending, and so do the alike answers still
+    in flight). The first answer that differs opens it for good, and every
+    held answer is settled as it would have been.
+    """
+
+    def __init__(self, size: int):
+        self.size, self.open, self.tripped = size, size > 0, False
+        self.sign, self.held = None, []
+
+    def offer(self, item: "Item", out: "Outcome", sign: Optional[str]) -> list:
+        """The (item, outcome) pairs to settle now: none while holding."""
+        if sign is not None and sign == (self.sign or sign):
+            self.sign = sign
+            if not self.tripped:
+                self.held.append((item, out))
+                self.tripped = len(self.held) >= self.size
+            return []
+        released, self.held, self.open = [*self.held, (item, out)], [], self.tripped
+        return released if not self.tripped else [(item, out)]
 
 
 def backoff_delay(attempt: int, base: float, cap: float, rand: Callable[[], float]) -> float:
@@ -1322,6 +1368,8 @@ def run_record_problem(record) -> Optional[str]:
     for key, ok in kinds.items():
         if key in record["shape"] and not ok(record["shape"][key]):
             return f"bad {key!r}"
+    if "verdicts_since" in record and not _when(record["verdicts_since"]):
+        return "bad 'verdicts_since'"
     headers = record.get("headers", [])
     if not isinstance(headers, list) or not all(
             isinstance(h, dict) and isinstance(h.get("name"), str) and (h.get("value") is None or
@@ -1337,20 +1385,46 @@ def shape_changes(old: dict, new: dict) -> list:
     return [f"{key}: {old.get(key)!r} -> {new.get(key)!r}" for key in keys if old.get(key) != new.get(key)]
 
 
-def settle_run_record(cfg: Config, record: Optional[dict]) -> None:
-    """Refuse a changed request shape (unless allowed), then record the current one."""
+#: The fields of the request a verdict belongs to: when one of them changes,
+#: an "unavailable" found under the old request says nothing of the new one.
+TARGET_FIELDS = ("method", "url", "data")
+
+
+def settle_run_record(cfg: Config, record: Optional[dict], anything_done: bool, now: float) -> tuple:
+    """Refuse a changed request when done ids would mix two requests (unless
+    allowed), then record the current one. Returns (a note on a change
+    taken, or None; the time since which verdicts count, or None)."""
     shape = request_shape(cfg)
-    if record is not None and record["shape"] != shape and not cfg.allow_config_change:
-        raise RedriveError(
-            f"the request changed since this state dir was started ({'; '.join(shape_changes(record['shape'], shape))}); "
-            "results would mix two configurations: use a new --state-dir, or --allow-config-change")
+    changes = shape_changes(record["shape"], shape) if record else []
+    retarget = bool(changes) and any(record["shape"].get(k) != shape[k] for k in TARGET_FIELDS)
+    if changes and anything_done and not cfg.allow_config_change:
+        keeps = "ids unavailable under the old request are then asked again" if retarget else \
+            "every verdict is kept, the target did not change"
+        raise RedriveError(f"the request changed since this state dir was started ({'; '.join(changes)}); ids "
+                           "are done under the old one, and results would mix two requests: use a new --state-dir, "
+                           f"or --allow-config-change ({keeps})")
+    since = iso(now) if retarget else (record or {}).get("verdicts_since")
     new = {"shape": shape, "hash": shape_hash(shape),
            "headers": [{"name": n, "value": spec} for n, spec in cfg.header_specs],
-           "created": record.get("created") if record else iso(time.time()), "redrive": __version__}
-    if record is not None and record["shape"] != shape:
+           "created": record.get("created") if record else iso(now), "redrive": __version__}
+    if since:
+        new["verdicts_since"] = since
+    if changes:
         new["previous_hash"] = record.get("hash")
-    if record is None or any(record.get(k) != new[k] for k in ("shape", "hash", "headers")):
+    if record is None or any(record.get(k) != new.get(k) for k in ("shape", "hash", "headers", "verdicts_since")):
         write_atomically(cfg.state_dir / "run.json", json.dumps(new, indent=2) + "\n")
+    if not changes:
+        return None, since
+    taken = "" if anything_done else "no id is done yet, so "
+    again = "; ids unavailable under the old request will be asked again" if retarget else ""
+    return f"the request changed ({'; '.join(changes)}); {taken}the new one is taken{again}", since
+
+
+def forget_old_verdicts(state: State, since: Optional[str]) -> None:
+    """Failures recorded before the request last changed its target count no more."""
+    if since:
+        state.unavailable = {k: r for k, r in state.unavailable.items() if r["at"] >= since}
+        state.failed = {k: r for k, r in state.failed.items() if r["at"] >= since}
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -1960,6 +2034,7 @@ class Tally:
     down: Optional[dict] = None  #: the API's host went down: host, reason, since, probes
     due: Optional[float] = None  #: stop "later": when the first id left is due (wall clock)
     crash: Optional[dict] = None  #: stop "crash": the id, the error and its traceback
+    misconfigured: Optional[dict] = None  #: stop "misconfigured": the sign, one id, how many answers
 
     def count(self, pass_no: int, what: str) -> None:
         self.per_pass.setdefault(pass_no, Counter())[what] += 1
@@ -1993,6 +2068,7 @@ class Batch:
         self.sleep = fx.sleep or self.wake.wait
         self.started_passes = set()
         self.last_due = 0.0  #: when the last id scheduled for a later pass is due (for the ETA)
+        self.guard = Guard(0)  #: off until plan() arms it
 
     # -- scheduling
 
@@ -2199,6 +2275,12 @@ class Batch:
             return None  # the run is stopping for a bug: settle nothing more
         if self.observe(item, outcome):
             self.schedule(item, self.fx.clock())  # it never reached the host: no try spent
+        elif self.guard.open:
+            for held, out in self.guard.offer(item, outcome, misconfiguration_sign(outcome, self.cfg)):
+                self.settle(held, out)
+            if self.guard.tripped and not self.tally.misconfigured:
+                self.tally.misconfigured = {"sign": self.guard.sign, "id": item.id, "answers": self.guard.size}
+                self.request_stop("misconfigured")
         else:
             self.settle(item, outcome)
         if self.hosts[item.host].forgettable(self.fx.clock(), self.cfg.concurrency):
@@ -2457,6 +2539,7 @@ PENDING_REASONS = {  #: why an id is still pending, by how the run ended
     "fatal": ("run halted by a fatal response", "fix the key or the account, then rerun to resume"),
     "unreachable": ("the API's host stayed unreachable", "rerun the same command once it is back"),
     "later": ("not due yet", "rerun the same command later"),
+    "misconfigured": ("run halted: its first answers all failed alike", "check --url and the ids file, then rerun"),
     "crash": ("run stopped by an internal error", "rerun to resume; report crash.log if it happens again"),
 }
 
@@ -2551,7 +2634,8 @@ def summarize(report: dict) -> list:
 
 def exit_code(report: dict) -> ExitCode:
     stops = {"fatal": ExitCode.FATAL, "interrupted": ExitCode.INTERRUPTED, "terminated": ExitCode.TERMINATED,
-             "unreachable": ExitCode.UNREACHABLE, "crash": ExitCode.SOFTWARE, "hung up": ExitCode.HANGUP}
+             "unreachable": ExitCode.UNREACHABLE, "crash": ExitCode.SOFTWARE, "hung up": ExitCode.HANGUP,
+             "misconfigured": ExitCode.FATAL}
     if report["stop"] in stops:
         return stops[report["stop"]]
     unsettled = report["counts"]["failed"] + report["counts"]["pending"]
@@ -2580,6 +2664,13 @@ def stop_lines(tally: Tally, cfg: Config, redact: Redactor) -> list:
         return [f"redrive: nothing is due before {iso(tally.due)}, beyond this run's reach "
                 f"(--max-backoff, --cooldown{', --max-time' if cfg.max_time else ''}); "
                 "rerun the same command after then"]
+    if tally.stop == "misconfigured":
+        m = tally.misconfigured
+        url = redact(redact_url(build_url(cfg.url, m["id"])))
+        return [f"redrive: halted: the first {m['answers']} answers were all {m['sign']}, e.g. {cfg.method} {url} "
+                f"-> {m['sign']}; is --url (or the ids file) right?",
+                "  nothing was marked failed or unavailable; fix it and rerun (no id is done yet, so a changed "
+                "--url is taken), or give --no-guard if such answers are expected"]
     if tally.stop == "crash":
         crash = tally.crash
         where = f" on id {redact(shown_id(crash['id']))!r}" if crash["id"] is not None else ""
@@ -2865,6 +2956,7 @@ def build_parser() -> Parser:
     run.add_argument("--fsync", action="store_true", help="fsync each record before the next step")
     run.add_argument("--allow-config-change", action="store_true", help="accept a request unlike run.json's")
     run.add_argument("--retry-unsafe", action="store_true", help="retry POST/PATCH that may have been processed")
+    run.add_argument("--no-guard", action="store_true", help="don't halt when the first answers all fail alike")
     run.add_argument("--check", action="store_true", help="no network: reconcile IDS_FILE and the state")
     run.add_argument("-q", "--quiet", action="store_true", help="print nothing unless the exit code is not 0")
     run.add_argument("--version", action="version", version=f"redrive {__version__}")
@@ -2906,7 +2998,7 @@ def config_from_args(args, environ, record: Optional[dict]) -> Config:
         fatal=fatal, retry=retry, skip=skip, max_bytes=args.max_bytes,
         retry_unavailable=args.retry_unavailable, max_time=args.max_time, quiet=args.quiet,
         fsync=args.fsync, demo=args.demo, report=args.report, allow_config_change=args.allow_config_change,
-        retry_unsafe=args.retry_unsafe,
+        retry_unsafe=args.retry_unsafe, guard=not args.no_guard,
         secrets=tuple(v for _, v, _ in headers) + tuple(env_values(f"{url_spec} {args.data}", environ)))
 
 
@@ -2987,9 +3079,16 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
         print(f"redrive: warning: {keyed}", file=err)
     prepare_state_dir(cfg.state_dir)
     with RunLock(cfg.state_dir):
-        settle_run_record(cfg, read_run_record(cfg.state_dir))
+        record = read_run_record(cfg.state_dir)
         state = load_state(cfg.state_dir, wanted=canonical)
         del canonical
+        done_file = cfg.state_dir / "done.txt"
+        note, since = settle_run_record(cfg, record, done_file.exists() and done_file.stat().st_size > 0,
+                                        fx.wallclock())
+        forget_old_verdicts(state, since)
+        fresh = not (done_file.exists() and done_file.stat().st_size > 0)
+        if note and not cfg.quiet:
+            print(shown_text(f"redrive: {redact(note)}"), file=err)
         ledger = Ledger(cfg.state_dir, cfg.fsync)
         ledger.open()
         try:
@@ -2999,6 +3098,8 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
             progress = Progress(err, len(ids), fx.clock, cfg.quiet)
             batch = Batch(cfg, ledger, state, fx, redact, progress)
             plan(ids, state, cfg, batch, ledger, fx)
+            if cfg.guard and fresh and batch.pending() >= GUARD_MIN:  # nothing done yet: is the set-up right?
+                batch.guard = Guard(min(GUARD_SAMPLE, batch.pending()))
             progress.say(f"redrive: {len(ids)} ids, {batch.pending()} to fetch, state in {cfg.state_dir}")
             with StopSignals(batch):
                 try:

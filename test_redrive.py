@@ -941,7 +941,7 @@ def test_summary_lists_20_unavailable_then_points_at_the_file(server, tmp_path):
     ids = [f"g{n}" for n in range(23)]
     for item in ids:
         server.replies[item] = [404]
-    code, err, _ = crawl(server, tmp_path, ids)
+    code, err, _ = crawl(server, tmp_path, ids, "--no-guard")  # every id gone is what this list is about
     assert code == ExitCode.OK
     assert "23 x 404 Not Found" in err
     assert "g19: 404" in err and "g20: 404" not in err
@@ -2480,3 +2480,66 @@ def test_any_json_line_with_an_id_in_a_state_file_is_read_or_refused_in_one_line
         assert code in (0, 1, 2, 69), err
         if code == ExitCode.USAGE:
             assert err.count("\n") == 1 and "not a redrive record" in err, err
+
+
+def test_a_wrong_url_halts_after_20_alike_answers_and_the_fixed_url_then_completes(server, tmp_path):
+    ids = [f"item-{n:03d}" for n in range(200)]
+    ids_file = write_ids(tmp_path, ids)
+    wrong = server.base + "/item/{id}"  # the API serves /items/
+    server.replies.update({f"/item/{item}": [404] for item in ids})
+    code, err, _ = run_cli([ids_file, "--url", wrong, "-q", "--concurrency", "4"])
+    assert code == ExitCode.FATAL == 3
+    assert "the first 20 answers were all 404 Not Found, e.g. GET " + server.base + "/item/item-0" in err
+    assert "is --url (or the ids file) right?" in err and "--no-guard" in err
+    assert state(tmp_path, "unavailable.jsonl") == [] and state(tmp_path, "failed.jsonl") == []
+    report = json.loads((tmp_path / "ids.redrive" / "report.json").read_text())
+    assert report["stop"] == "misconfigured" and report["counts"]["pending"] == 200
+    assert len(server.paths) < 40  # it stopped asking
+    code, err, _ = run_cli([ids_file, "--url", server.template])  # no extra flag: nothing was done yet
+    assert code == ExitCode.OK and "no id is done yet, so the new one is taken" in err
+    assert sorted(state(tmp_path, "done.txt")) == ids
+
+
+def test_a_csv_header_taken_for_ids_trips_the_guard_too(server, tmp_path):
+    rows = ["id,name,price"] + [f"{n},Widget {n},9.99" for n in range(10)]
+    server.replies.update({row: [404] for row in rows})
+    code, err, _ = crawl(server, tmp_path, rows, "-q")
+    assert code == ExitCode.FATAL and "the first 11 answers were all 404 Not Found" in err
+
+
+def test_the_guard_lets_a_run_with_any_other_answer_go_on_and_settles_what_it_held(server, tmp_path):
+    ids = [f"g{n}" for n in range(15)] + ["found"] + [f"h{n}" for n in range(10)]
+    server.replies.update({item: [404] for item in ids if item != "found"})
+    code, err, _ = crawl(server, tmp_path, ids)
+    assert code == ExitCode.OK and state(tmp_path, "done.txt") == ["found"]
+    assert len(state(tmp_path, "unavailable.jsonl")) == 25 and max(server.hits.values()) == 1
+
+
+def test_no_guard_and_a_state_with_successes_never_halt(server, tmp_path):
+    ids = [f"g{n}" for n in range(30)]
+    server.replies.update({item: [404] for item in ids})
+    assert crawl(server, tmp_path, ids, "--no-guard")[0] == ExitCode.OK
+    (tmp_path / "ids.redrive").rename(tmp_path / "first.redrive")
+    crawl(server, tmp_path, ["ok"])  # a success in the state dir: the set-up worked once
+    assert crawl(server, tmp_path, ["ok", *ids])[0] == ExitCode.OK
+
+
+def test_verdicts_made_under_an_old_url_are_asked_again_and_a_rotated_key_keeps_them(server, tmp_path):
+    ids_file = write_ids(tmp_path, ["a", "gone"])
+    server.replies["gone"] = [404]
+    assert run_cli([ids_file, "--url", server.template, "-H", "X-Key: ${K}"], environ={"K": "one"})[0] == 0
+    assert server.hits["gone"] == 1
+    code, err, _ = run_cli([ids_file, "--url", server.base + "/v2/items/{id}", "-H", "X-Key: ${K}"], environ={"K": "x"})
+    assert code == ExitCode.USAGE and "ids unavailable under the old request are then asked again" in err
+    env = {"K": "two", "ORG": "1"}
+    code, err, _ = run_cli([ids_file, "-H", "X-Key: ${K}", "-H", "X-Org: ${ORG}", "--allow-config-change"],
+                           environ=env)
+    assert code == ExitCode.OK and server.hits["gone"] == 1  # headers only: the 404 still stands
+    later = FakeTime()
+    later.now += 3600  # an hour after the first verdict
+    code, err, _ = run_cli([ids_file, "--url", server.base + "/v2/items/{id}", "--allow-config-change"],
+                           fake=later, environ=env)
+    assert code == ExitCode.OK and "will be asked again" in err and server.hits["gone"] == 2
+    later.now += 60
+    code, err, _ = run_cli([ids_file], fake=later, environ=env)  # the new verdict stands on the next run
+    assert code == ExitCode.OK and server.hits["gone"] == 2
