@@ -45,6 +45,10 @@ Rerun the same command after Ctrl+C, a kill or a reboot to resume; plain
 When every id goes to one host and it stops answering (refused, no such
 name, connect timeout), redrive probes it with backoff, spends no tries, and
 resumes when it answers, or stops after --tries x --passes probes: exit 69.
+A run whose state dir has nothing done yet halts (exit 3, nothing recorded)
+when its first 20 answers all fail alike (the same 4xx, a TLS error): is
+--url right? --no-guard turns this off. With -q, redrive prints only when a
+person must act: an exit code but 0, or ids newly confirmed unavailable.
 When all that is left is due later than the run can usefully wait (past
 --max-time, or past both --cooldown and twice --max-backoff: a long
 Retry-After), the run ends at once with exit 1 and says when to rerun.
