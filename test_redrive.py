@@ -1592,6 +1592,21 @@ def test_progress_off_a_terminal_is_a_plain_line_every_30_s(server, tmp_path):
     assert "\r" not in err and "\x1b" not in err
 
 
+def read_terminal(master, slave):
+    """Everything a process wrote to its terminal (a pty), until it closed it."""
+    os.close(slave)
+    output = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:
+            break  # EIO: the other side is closed
+        if not chunk:
+            break
+        output += chunk
+    return output
+
+
 def test_progress_on_a_terminal_rewrites_one_line_and_hides_secrets(server, tmp_path):
     import pty
     ids = [f"p{i}" for i in range(120)]
@@ -1603,16 +1618,7 @@ def test_progress_on_a_terminal_rewrites_one_line_and_hides_secrets(server, tmp_
     proc = subprocess.Popen(redrive_cmd(ids_file, "--url", server.template + "?token=" + SECRET, "--concurrency", "2",
                                         "-H", "X-API-Key: ${API_KEY}"),
                             stdin=slave, stdout=slave, stderr=slave, env=env)
-    os.close(slave)
-    output = b""
-    while True:
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        output += chunk
+    output = read_terminal(master, slave)
     assert proc.wait(timeout=30) == 0
     text = output.decode()
     statuses = re.findall(r"\r(pass 1, \d+/120 done[^\r\x1b]*)\x1b\[K", text)
@@ -1631,16 +1637,7 @@ def test_progress_on_a_narrow_terminal_never_wraps(server, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     proc = subprocess.Popen(redrive_cmd(write_ids(tmp_path, ids), "--url", server.template, "--concurrency", "2"),
                             stdin=slave, stdout=subprocess.DEVNULL, stderr=slave, env=env)
-    os.close(slave)
-    output = b""
-    while True:
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        output += chunk
+    output = read_terminal(master, slave)
     assert proc.wait(timeout=30) == 0
     statuses = re.findall(r"\r(pass 1, [^\r\x1b]*)\x1b\[K", output.decode())
     assert len(statuses) >= 2 and all(len(line) <= 49 for line in statuses)
