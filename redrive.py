@@ -559,6 +559,11 @@ class Guard:
         released, self.held, self.open = [*self.held, (item, out)], [], self.tripped
         return released if not self.tripped else [(item, out)]
 
+    def release(self) -> list:
+        """Open for good and hand back what is held (the run ran out of answers first)."""
+        released, self.held, self.open = self.held, [], False
+        return released
+
 
 def backoff_delay(attempt: int, base: float, cap: float, rand: Callable[[], float]) -> float:
     """Wait before retry number `attempt` (1 = after the first failure).
@@ -2176,7 +2181,10 @@ class Batch:
     def _tend(self) -> bool:
         """One look at the run: sync, progress, deadline, start work. False: it is over."""
         if not (self.heap or self.active or self.inflight):
-            return False
+            if not (self.guard.held and not self.guard.tripped):
+                return False
+            for held, out in self.guard.release():  # fewer alike answers than it waited for: no halt
+                self.settle(held, out)
         self.ledger.sync_if_due()
         self.progress.tick(self)
         if self.end_at is not None and not self.tally.stop and self.fx.clock() >= self.end_at:
@@ -2558,21 +2566,20 @@ def residue(ids: list, state: State, tally: Tally) -> tuple:
     for item_id in ids:
         if item_id in state.done:
             continue
-        shown = shown_id(item_id)
         if item_id in state.unavailable:
             r = state.unavailable[item_id]
-            rows.append({"id": shown, "state": "unavailable", "reason": r["reason"], "status": r["status"],
+            rows.append({"id": shown_id(item_id), "state": "unavailable", "reason": r["reason"], "status": r["status"],
                          "bucket": r["bucket"], "action": r["action"], "new": item_id in state.fresh})
         elif latest_failure(state, item_id):
             f = state.failed[item_id]
-            rows.append({"id": shown, "state": "failed", "reason": f["error"], "status": f["status"],
+            rows.append({"id": shown_id(item_id), "state": "failed", "reason": f["error"], "status": f["status"],
                          "bucket": f["bucket"], "action": f"waits for pass {f['pass'] + 1}: rerun to continue"
                          if tally.stop != "later" else f"waits for pass {f['pass'] + 1}, due {f.get('due')}: "
                          "rerun the same command after then"})
         else:
             pending += 1
             if pending <= PENDING_LISTED:
-                rows.append({"id": shown, "state": "pending", "reason": reason, "status": None,
+                rows.append({"id": shown_id(item_id), "state": "pending", "reason": reason, "status": None,
                              "bucket": None, "action": action})
     return rows, pending
 

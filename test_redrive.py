@@ -2540,3 +2540,34 @@ def test_verdicts_made_under_an_old_url_are_asked_again_and_a_rotated_key_keeps_
     later.now += 60
     code, err, _ = run_cli([ids_file], fake=later, environ=env)  # the new verdict stands on the next run
     assert code == ExitCode.OK and server.hits["gone"] == 2
+
+
+def test_the_guard_holds_alike_answers_trips_at_its_size_and_lets_everything_go_at_the_first_other():
+    tripping = redrive.Guard(3)
+    assert [tripping.offer(i, f"out-{i}", "404 Not Found") for i in "abc"] == [[], [], []]
+    assert tripping.tripped and tripping.held == [("a", "out-a"), ("b", "out-b"), ("c", "out-c")]
+    assert tripping.offer("d", "out-d", "404 Not Found") == []  # in flight when it tripped: not recorded either
+    assert tripping.offer("e", "out-e", None) == [("e", "out-e")]  # a success is still stored
+    opening = redrive.Guard(3)
+    assert opening.offer("a", 1, "404 Not Found") == [] and opening.offer("b", 2, "403 Forbidden") == [("a", 1), ("b", 2)]
+    assert not opening.open and not opening.tripped
+    short = redrive.Guard(3)
+    short.offer("a", 1, "TLS error (certificate or handshake)")
+    assert short.release() == [("a", 1)] and not short.open
+
+
+@pytest.mark.parametrize("out, expect_json, sign", [
+    (redrive.Outcome(Bucket.SKIP, 404, "404 Not Found"), False, "404 Not Found"),
+    (redrive.Outcome(Bucket.SKIP, 410, "410 Gone"), False, "410 Gone"),
+    (redrive.Outcome(Bucket.SKIP, None, "TLS error (certificate or handshake)"), False,
+     "TLS error (certificate or handshake)"),
+    (redrive.Outcome(Bucket.RETRYABLE, 200, "invalid JSON"), True, "not JSON (--expect-json)"),
+    (redrive.Outcome(Bucket.RETRYABLE, 200, "invalid JSON"), False, None),
+    (redrive.Outcome(Bucket.RETRYABLE, 503, "503 Service Unavailable"), False, None),
+    (redrive.Outcome(Bucket.SKIP, 501, "501 Not Implemented"), False, None),
+    (redrive.Outcome(Bucket.OK, 200, body="{}"), False, None),
+    (redrive.Outcome(Bucket.SKIP, None, redrive.DOT_SEGMENT), False, None),
+])
+def test_what_counts_as_a_sign_of_a_wrong_setup(out, expect_json, sign):
+    cfg = Config(Path("ids.txt"), Path("state"), expect_json=expect_json)
+    assert redrive.misconfiguration_sign(out, cfg) == sign
