@@ -3150,14 +3150,14 @@ def write_crash_log(path: Path, item_id: Optional[str], trace: str, redact: Reda
         pass  # the one-line message still says what happened
 
 
-def crash_exit(exc: BaseException, state_dir: Optional[Path], err) -> ExitCode:
+def crash_exit(exc: BaseException, state_dir: Optional[Path], err, redact: Redactor) -> ExitCode:
     """A bug outside the batch (starting or reporting): one line, the traceback in a file, exit 70."""
     trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     folder = state_dir if state_dir is not None and state_dir.is_dir() else Path(tempfile.gettempdir())
     path = folder / ("crash.log" if folder == state_dir else f"redrive-crash-{os.getpid()}.log")
-    write_crash_log(path, None, trace, Redactor(()))
-    print(f"redrive: internal error: {type(exc).__name__}: {str(exc)[:200]}; the traceback is in {path}; "
-          "please report it", file=err)
+    write_crash_log(path, None, trace, redact)
+    print(shown_text(f"redrive: internal error: {type(exc).__name__}: {redact(str(exc))[:200]}; the traceback "
+                     f"is in {path}; please report it"), file=err)
     return ExitCode.SOFTWARE
 
 
@@ -3229,7 +3229,7 @@ def main(argv=None, *, fx: Effects = Effects(), err=None, out=None, environ=None
         reserve_standard_fds()
     err = SafeStream(err or sys.stderr)
     environ = os.environ if environ is None else environ
-    server, state_dir = None, None
+    server, state_dir, secrets = None, None, ()
     try:
         try:
             args = build_parser().parse_args(argv)
@@ -3241,6 +3241,7 @@ def main(argv=None, *, fx: Effects = Effects(), err=None, out=None, environ=None
         if args.check:
             return int(check(args.ids_file, state_dir, args.quiet, SafeStream(out or sys.stdout)))
         cfg = config_from_args(args, environ, read_run_record(default_state_dir(args)))
+        secrets = cfg.secrets
         if cfg.demo:
             server, cfg = demo_config(cfg)
         return int(run(cfg, fx, err))
@@ -3252,12 +3253,12 @@ def main(argv=None, *, fx: Effects = Effects(), err=None, out=None, environ=None
         return int(ExitCode.INTERRUPTED)
     except OSError as exc:
         if not exc.filename:
-            return int(crash_exit(exc, state_dir, err))
+            return int(crash_exit(exc, state_dir, err, Redactor(secrets)))
         print(f"redrive: error: {shown_text(str(exc.filename))}: {(exc.strerror or str(exc)).lower()}; "
               "check the file, its permissions and the free space", file=err)
         return int(ExitCode.USAGE)
     except Exception as exc:  # a bug: never a traceback on the terminal
-        return int(crash_exit(exc, state_dir, err))
+        return int(crash_exit(exc, state_dir, err, Redactor(secrets)))
     finally:
         if server is not None:
             server.shutdown()
