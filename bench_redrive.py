@@ -13,6 +13,9 @@ Scenarios (all by default):
   resume         1,000,000 ids of which 999,990 are done already
   stop           1,000,000 ids, stopped by SIGTERM, by SIGHUP and by --max-time 5
                  soon after the first answers: how long from the stop to the exit
+  nginx          nginx's own limit_req (a leaky bucket answering 429 with no
+                 Retry-After) at 10, 50 and 100 r/s, with and without burst and
+                 nodelay; every 50th id a real 404; skipped when nginx is absent
   chaos          10,000 ids; every socket-level fault of the tests' FAULTS table
                  at 1% each (half of the retryable ones recover after one try),
                  every odd-but-usable answer of ODD_ANSWERS at 1%, and 1%
@@ -424,6 +427,105 @@ def stopped_run(ids, base, state, how):
             f"report.json {size:.2f} MB, peak memory {usage.ru_maxrss / 1024:.0f} MB")
 
 
+# ------------------------------------------------------------------ nginx
+
+#: (rate r/s, burst, nodelay): the limiters of issue 12's table.
+NGINX_LIMITS = [(50, 0, False), (50, 10, False), (50, 10, True), (100, 20, True), (10, 5, True)]
+
+NGINX_CONF = """daemon off;
+worker_processes 1;
+pid {dir}/nginx.pid;
+events {{ worker_connections 1024; }}
+http {{
+    log_format status '$status';
+    access_log {dir}/access.log status;
+    client_body_temp_path {dir}/tmp; proxy_temp_path {dir}/tmp; fastcgi_temp_path {dir}/tmp;
+    uwsgi_temp_path {dir}/tmp; scgi_temp_path {dir}/tmp;
+    limit_req_zone $server_name zone=api:1m rate={rate}r/s;
+    limit_req_status 429;
+    server {{
+        listen 127.0.0.1:{port};
+        server_name bench;
+        location /items/ {{
+            limit_req zone=api{burst}{nodelay};
+            root {dir}/www;
+            default_type application/json;
+        }}
+    }}
+}}
+"""
+
+
+def nginx(folder, count, opt):
+    """redrive against nginx's limit_req: static files, so the limit really runs before each answer."""
+    binary = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.path.exists(p)), None)
+    if not binary:
+        print("\nnginx: skipped: nginx is not installed (apt-get install nginx)")
+        return
+    rows = []
+    for rate, burst, nodelay in NGINX_LIMITS:
+        ids = max(count, rate * 20 + burst) if count else rate * 20 + burst  # an ideal of at least 20 s
+        rows.append(nginx_row(binary, folder, rate, burst, nodelay, ids, opt))
+    table(f"nginx {nginx_version(binary)} limit_req (429, no Retry-After), every 50th id a 404, "
+          f"concurrency {opt.concurrency}, no --rate", rows)
+
+
+def nginx_row(binary, folder, rate, burst, nodelay, count, opt):
+    """(label, figures) for one limiter: wall against (N - burst) / rate, and the share of 429s."""
+    run_dir = folder / f"nginx-{rate}-{burst}-{int(nodelay)}"
+    (run_dir / "www" / "items").mkdir(parents=True)
+    (run_dir / "tmp").mkdir()
+    for n in range(count):
+        if n % 50 != 49:
+            (run_dir / "www" / "items" / f"i{n}").write_text(json.dumps({"id": f"i{n}", "title": "x" * 200}))
+    port = free_port()
+    conf = run_dir / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(dir=run_dir, port=port, rate=rate, burst=f" burst={burst}" if burst else "",
+                                      nodelay=" nodelay" if nodelay else ""))
+    server = subprocess.Popen([binary, "-c", str(conf), "-p", str(run_dir), "-e", str(run_dir / "error.log")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port)
+        ids = run_dir / "ids.txt"
+        ids.write_text("".join(f"i{n}\n" for n in range(count)))
+        run = measured([sys.executable, str(HERE / "redrive.py"), str(ids), "--url",
+                        f"http://127.0.0.1:{port}/items/{{id}}", "-q", "--concurrency", str(opt.concurrency)])
+    finally:
+        server.terminate()
+        server.wait()
+    statuses = Counter((run_dir / "access.log").read_text().split())
+    sent, throttled = sum(statuses.values()), statuses["429"]
+    ideal = (count - burst) / rate
+    label = f"{rate} r/s, burst {burst}{' nodelay' if nodelay else ''}, {count} ids (exit {run.code})"
+    return label, (f"wall {run.wall:.1f} s = {run.wall / ideal:.2f} x (N - burst) / rate (target <= 1.15), "
+                   f"429s {throttled} = {throttled / max(sent, 1):.1%} of {sent} requests (target <= 3%), "
+                   f"CPU {run.cpu / max(sent, 1) * 1e6:.0f} us/request, peak {run.rss:.0f} MB")
+
+
+def nginx_version(binary):
+    out = subprocess.run([binary, "-v"], capture_output=True, text=True).stderr
+    return out.strip().rpartition("/")[2] or "?"
+
+
+def free_port():
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(port, limit=10.0):
+    import socket
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nginx did not listen on 127.0.0.1:{port} within {limit:g} s; see its error.log")
+
+
 # ------------------------------------------------------------------ chaos
 
 CHAOS_OPTIONS = ["--timeout", "0.3", "--max-bytes", "1000000", "--backoff", "0.1", "--max-backoff", "1",
@@ -578,9 +680,9 @@ def fs_type(folder):
 
 
 SCENARIOS = {"clean": clean, "flaky": flaky, "rate-limited": rate_limited, "resume": resume, "fsync": fsync,
-             "stop": stop, "chaos": chaos}
+             "stop": stop, "nginx": nginx, "chaos": chaos}
 COUNTS = {"clean": 10_000, "flaky": 10_000, "rate-limited": 3_000, "resume": 1_000_000, "fsync": 5_000,
-          "stop": 1_000_000, "chaos": 10_000}
+          "stop": 1_000_000, "nginx": 0, "chaos": 10_000}
 
 
 def main(argv=None):
