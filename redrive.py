@@ -977,12 +977,25 @@ def read_ids(path: Path) -> tuple:
         line = data.count(b"\n", 0, exc.start) + 1
         raise RedriveError(f"{path} line {line}: not valid UTF-8; save the file as UTF-8") from None
     del data
-    ids = [line for line in map(str.strip, text.split("\n")) if line and line[0] != "#"]
+    ids = id_lines(text)
     del text
     canonical = dict(zip(ids, ids))
     if not canonical:
         raise RedriveError(f"{path}: no ids in it; put one id per line ('#' lines are comments)")
     return list(canonical), len(ids) - len(canonical), canonical
+
+
+#: What a line may hold that calls for the slow path: whitespace to strip, a '#' comment.
+STRIPPED = " \t\r\v\f\x1c\x1d\x1e\x1f#"
+
+
+def id_lines(text: str) -> list:
+    """The ids in text: lines stripped, blank and '#' lines left out. A
+    million-line file of plain ids (the common case) skips the per-line strip."""
+    lines = text.split("\n")
+    if text.isascii() and not any(c in text for c in STRIPPED):
+        return [line for line in lines if line]
+    return [line for line in map(str.strip, lines) if line and line[0] != "#"]
 
 
 def line_of(path: Path, item_id: str) -> int:
@@ -2417,8 +2430,9 @@ def unavailable_record(item_id, reason, status, bucket, tries, at, passes) -> di
             "tries": tries, "at": iso(at), "action": recommend(bucket, status, reason, passes)}
 
 
-def plan(ids: list, state: State, cfg: Config, batch: Batch, ledger: Ledger, fx: Effects) -> None:
-    """Put every unsettled id on the schedule at the pass it reached."""
+def plan(ids: list, state: State, cfg: Config, batch: Batch, ledger: Ledger, fx: Effects) -> list:
+    """Put every unsettled id on the schedule at the pass it reached; return
+    the ids not done at the start (the report need look at no other)."""
     now, wall = fx.clock(), fx.wallclock()
     rest = [i for i in ids if i not in state.done]
     batch.counts["done"] = len(ids) - len(rest)
@@ -2436,6 +2450,7 @@ def plan(ids: list, state: State, cfg: Config, batch: Batch, ledger: Ledger, fx:
             wait = max(cfg.cooldown, last.get("retry_after") or 0.0)
             ready = now + max(0.0, parse_iso(last["at"]) + wait - wall)
             batch.schedule(Item(item_id, last["pass"] + 1), ready)
+    return rest
 
 
 def settle_exhausted(item_id, last, ledger, state, cfg, wall) -> None:
@@ -2599,18 +2614,19 @@ def group_residue(rows: list, pending: int, cfg: Config) -> list:
     return sorted(lines, key=lambda line: -line["count"])
 
 
-def build_report(ids: list, duplicates: int, state: State, tally: Tally, cfg: Config,
+def build_report(total: int, rest: list, duplicates: int, state: State, tally: Tally, cfg: Config,
                  elapsed: float, redact: Redactor) -> dict:
-    """report.json: what this run did and exactly what is missing, and why."""
-    rows, pending = residue(ids, state, tally)
+    """report.json: what this run did and exactly what is missing, and why.
+    rest: the ids that were not done when the run started, in input order."""
+    rows, pending = residue(rest, state, tally)
     counts = Counter(r["state"] for r in rows)
     return {
         "redrive": __version__, "ids_file": str(cfg.ids_file), "state_dir": str(cfg.state_dir),
         "url": redact(redact_url(cfg.url)), "finished_at": iso(time.time()),
         "exit_code": None, "stop": tally.stop or None, "elapsed_s": round(elapsed, 3),
         "requests": tally.requests, "passes": cfg.passes, "unreachable": tally.down,
-        "counts": {"input": len(ids), "duplicates": duplicates,
-                   "done": len(ids) - counts["unavailable"] - counts["failed"] - pending,
+        "counts": {"input": total, "duplicates": duplicates,
+                   "done": total - counts["unavailable"] - counts["failed"] - pending,
                    "unavailable": counts["unavailable"], "failed": counts["failed"], "pending": pending},
         "per_pass": {str(p): dict(c) for p, c in sorted(tally.per_pass.items())},
         "reasons": group_residue(rows, pending, cfg),
@@ -3108,7 +3124,7 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
                 print(shown_text(f"redrive: warning: {redact(note)}"), file=err)
             progress = Progress(err, len(ids), fx.clock, cfg.quiet)
             batch = Batch(cfg, ledger, state, fx, redact, progress)
-            plan(ids, state, cfg, batch, ledger, fx)
+            rest = plan(ids, state, cfg, batch, ledger, fx)
             if cfg.guard and fresh and batch.pending() >= GUARD_MIN:  # nothing done yet: is the set-up right?
                 batch.guard = Guard(min(GUARD_SAMPLE, batch.pending()))
             progress.say(f"redrive: {len(ids)} ids, {batch.pending()} to fetch, state in {cfg.state_dir}")
@@ -3120,7 +3136,7 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
                     batch.wake.close()
         finally:
             ledger.close()
-        report = build_report(ids, duplicates, state, tally, cfg, fx.clock() - started, redact)
+        report = build_report(len(ids), rest, duplicates, state, tally, cfg, fx.clock() - started, redact)
         return finish(report, tally, cfg, redact, err)
 
 

@@ -2571,3 +2571,11 @@ def test_the_guard_holds_alike_answers_trips_at_its_size_and_lets_everything_go_
 def test_what_counts_as_a_sign_of_a_wrong_setup(out, expect_json, sign):
     cfg = Config(Path("ids.txt"), Path("state"), expect_json=expect_json)
     assert redrive.misconfiguration_sign(out, cfg) == sign
+
+
+@given(st.lists(st.text(st.sampled_from("ab1#\t \r\x0b\x1fé"), max_size=6), max_size=8))
+@settings(max_examples=200, deadline=None)
+def test_the_fast_path_for_plain_ids_reads_what_the_careful_one_does(lines):
+    text = "\n".join(lines)
+    careful = [line for line in map(str.strip, text.split("\n")) if line and line[0] != "#"]
+    assert redrive.id_lines(text) == careful
