@@ -373,6 +373,7 @@ def resume(folder, count, opt, left=10):
                 results.write(f'{{"id":"i{n}","url":"u","status":200,"fetched_at":"t","body":{{}}}}\n')
         run = measured(redrive_cmd(ids, base))
         sent, throttled = sent_and_throttled(server_stats(base))
+        check = measured([sys.executable, str(HERE / "redrive.py"), str(ids), "--check"])
     finally:
         proc.terminate()
     rows = [
@@ -381,6 +382,7 @@ def resume(folder, count, opt, left=10):
         ("429s", f"{throttled}"),
         ("client CPU", f"{run.cpu:.2f} s, reading the state and the ids included"),
         ("peak memory", f"{run.rss:.0f} MB (target < 250 MB)"),
+        ("--check over the same state", f"{check.wall:.2f} s, peak memory {check.rss:.0f} MB (exit {check.code})"),
     ]
     table(f"resume: {count} ids, {count - left} already done (exit {run.code})", rows)
     show_error(run)

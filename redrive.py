@@ -1278,18 +1278,20 @@ def read_records(path: Path) -> Iterable[dict]:
             yield record
 
 
-def load_state(state_dir: Path, repair: bool = True, wanted: Optional[dict] = None) -> State:
+def load_state(state_dir: Path, repair: bool = True, wanted: Optional[dict] = None,
+               strangers: Optional[set] = None) -> State:
     """Repair what a kill can leave (unless only looking), then read who is
     done, failed and unavailable. With wanted (the input ids, each mapped to
     itself), done keeps only those, as the very same string objects: a
-    million done ids then cost a set, not a second copy of every string."""
+    million done ids then cost a set, not a second copy of every string;
+    the done ids it leaves out go to strangers, if given."""
     state = State()
     for name in STATE_FILES if repair else ():
         note = repair_torn_tail(state_dir / name)
         if note:
             state.repairs.append(note)
     try:
-        state.done = read_done(state_dir / "done.txt", wanted)
+        state.done = read_done(state_dir / "done.txt", wanted, strangers)
     except FileNotFoundError:
         pass
     except (OSError, UnicodeDecodeError):
@@ -1301,8 +1303,9 @@ def load_state(state_dir: Path, repair: bool = True, wanted: Optional[dict] = No
     return state
 
 
-def read_done(path: Path, wanted: Optional[dict]) -> set:
-    """The ids of done.txt's complete lines (only those in wanted, if given)."""
+def read_done(path: Path, wanted: Optional[dict], strangers: Optional[set] = None) -> set:
+    """The ids of done.txt's complete lines (only those in wanted, if given;
+    the others then go to strangers, if given)."""
     if wanted is None:
         data = path.read_bytes()
         return set(data[:data.rfind(b"\n") + 1].decode("utf-8").split("\n")[:-1])
@@ -1312,7 +1315,11 @@ def read_done(path: Path, wanted: Optional[dict]) -> set:
             block = tail + block
             cut = block.rfind(b"\n") + 1  # a UTF-8 character never spans a newline
             tail = block[cut:]
-            done.update(map(wanted.get, block[:cut].decode("utf-8").split("\n")[:-1]))
+            lines = block[:cut].decode("utf-8").split("\n")[:-1]
+            shared = list(map(wanted.get, lines))
+            done.update(shared)
+            if strangers is not None and None in shared:
+                strangers.update(line for line, mine in zip(lines, shared) if mine is None)
     done.discard(None)
     return done
 
@@ -2708,23 +2715,29 @@ def stop_lines(tally: Tally, cfg: Config, redact: Redactor) -> list:
 
 def check(ids_file: Path, state_dir: Path, quiet: bool, out) -> ExitCode:
     """--check: reconcile IDS_FILE with the state dir. No network, no writes:
-    absence is only visible against the full expected set, so here it is."""
-    ids, duplicates, _ = read_ids(ids_file)
+    absence is only visible against the full expected set, so here it is.
+    Built for a million ids: done shares the input's strings, results are
+    read without a JSON parse per line, and only small sets are combined."""
+    ids, duplicates, canonical = read_ids(ids_file)
+    total, keyed = len(ids), keyed_ids_warning(ids)
+    del ids  # canonical has them all: one list less at the peak
     torn = [name for name in STATE_FILES if has_torn_tail(state_dir / name)]
-    state = load_state(state_dir, repair=False)
+    done_strangers = set()
+    state = load_state(state_dir, repair=False, wanted=canonical, strangers=done_strangers)
     results = result_ids(state_dir / "results.jsonl")
-    wanted = set(ids)
-    known = state.done | results | set(state.failed) | set(state.unavailable)
-    counts = Counter(id_status(i, state) for i in ids)
-    problems = {"done ids without a result line": sorted(state.done - results),
-                "result lines without a done line": sorted(results - state.done),
+    strangers = done_strangers | {i for i in (*state.failed, *state.unavailable) if i not in canonical}
+    undone = [i for i in results if i not in state.done and i not in done_strangers]
+    strangers.update(i for i in undone if i not in canonical)  # a result is done, or it is one of these
+    problems = {"done ids without a result line": sorted(i for i in itertools.chain(state.done, done_strangers)
+                                                         if i not in results),
+                "result lines without a done line": sorted(undone),
                 "torn last lines": torn}
-    lines = [f"redrive check: {ids_file} ({len(ids)} ids) against {state_dir}"]
-    keyed = keyed_ids_warning(ids)
+    counts = state_counts(total, state, canonical)
+    lines = [f"redrive check: {ids_file} ({total} ids) against {state_dir}"]
     if keyed:
         lines.append(f"  warning: {keyed}")
     lines += [f"  {label:<13}{counts[label]:>7}" for label in ("done", "unavailable", "failed", "pending")]
-    lines.append(f"  {'not in input':<13}{len(known - wanted):>7}  (ids in the state that {ids_file.name} does not list)")
+    lines.append(f"  {'not in input':<13}{len(strangers):>7}  (ids in the state that {ids_file.name} does not list)")
     lines += [f"  {label}: {len(found)} ({', '.join(shown_id(str(i)) for i in found[:5])}{', ...' if len(found) > 5 else ''})"
               for label, found in problems.items() if found]
     settled = counts["failed"] == counts["pending"] == 0
@@ -2737,12 +2750,15 @@ def check(ids_file: Path, state_dir: Path, quiet: bool, out) -> ExitCode:
     return code
 
 
-def id_status(item_id: str, state: State) -> str:
-    if item_id in state.done:
-        return "done"
-    if item_id in state.unavailable:
-        return "unavailable"
-    return "failed" if item_id in state.failed else "pending"
+def state_counts(total: int, state: State, wanted: dict) -> Counter:
+    """How many input ids are done, unavailable, failed and pending (in that
+    order of precedence), from the small records and the size of done."""
+    counts = Counter(done=len(state.done))  # done holds input ids only (load_state's wanted)
+    counts["unavailable"] = sum(1 for i in state.unavailable if i in wanted and i not in state.done)
+    counts["failed"] = sum(1 for i in state.failed if i in wanted and i not in state.done and
+                           i not in state.unavailable)
+    counts["pending"] = total - counts["done"] - counts["unavailable"] - counts["failed"]
+    return counts
 
 
 def has_torn_tail(path: Path) -> bool:
@@ -2754,9 +2770,49 @@ def has_torn_tail(path: Path) -> bool:
         return False
 
 
-def result_ids(path: Path) -> set:
-    """The ids of every complete line of results.jsonl."""
-    return {record["id"] for record in read_records(path)}
+#: A results line as redrive writes it, read without a JSON parse: the id
+#: (no escapes in it), a url, a status, a time, and the line's end.
+RESULT_LINE = re.compile(r'^\{"id":"([^"\\\n]*)","url":"[^\n]*?","status":\d{3},"fetched_at":"[^"\n]*",[^\n]*\}$',
+                         re.M)
+
+
+def result_ids(path: Path, canonical: Optional[dict] = None) -> set:
+    """The ids of every complete line of results.jsonl. A block whose every
+    line has the shape redrive writes is read with one regular expression; any
+    other block goes line by line through read_records' full check. With
+    canonical, the ids share the input's strings."""
+    ids, number = set(), 0
+    try:
+        fh = open(path, "rb")
+    except FileNotFoundError:
+        return ids
+    with fh:
+        tail = b""
+        for block in iter(lambda: fh.read(READ_CHUNK * 16), b""):
+            block = tail + block
+            cut = block.rfind(b"\n") + 1
+            block, tail = block[:cut], block[cut:]
+            text = block.decode("utf-8", "replace")
+            found = RESULT_LINE.findall(text)
+            if len(found) != block.count(b"\n") or "\ufffd" in text:
+                found = [record["id"] for record in records_of(path, block, number)]
+            number += block.count(b"\n")
+            ids.update(found if canonical is None else (canonical.get(i, i) for i in found))
+    return ids
+
+
+def records_of(path: Path, block: bytes, first: int) -> Iterable[dict]:
+    """The records of a block of whole lines (after line `first` of path), each checked as a whole."""
+    for number, line in enumerate(block.splitlines(keepends=True), first + 1):
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            record = None
+        problem = "not JSON" if record is None else record_problem(path.name, record)
+        if problem:
+            raise RedriveError(f"{path} line {number}: not a redrive record ({problem}); "
+                               "move the file away or fix that line")
+        yield record
 
 
 # ------------------------------------------------------------------- lock

@@ -2579,3 +2579,26 @@ def test_the_fast_path_for_plain_ids_reads_what_the_careful_one_does(lines):
     text = "\n".join(lines)
     careful = [line for line in map(str.strip, text.split("\n")) if line and line[0] != "#"]
     assert redrive.id_lines(text) == careful
+
+
+def test_check_reads_results_without_a_json_parse_yet_checks_every_line(tmp_path):
+    ids = [f"i{n}" for n in range(20000)] + ['q"uote']
+    ids_file = write_ids(tmp_path, ids)
+    sdir = tmp_path / "ids.redrive"
+    sdir.mkdir()
+    lines = [json.dumps({"id": i, "url": "u", "status": 200, "fetched_at": "t", "body": {"x": "}\\n"}},
+                        separators=(",", ":")) for i in ids]
+    (sdir / "results.jsonl").write_text("\n".join(lines) + "\n")
+    (sdir / "done.txt").write_text("".join(f"{i}\n" for i in ids[:-1]) + "stranger\n")
+    out = io.StringIO()
+    assert redrive.main([str(ids_file), "--check"], out=out, err=io.StringIO()) == ExitCode.INCOMPLETE
+    text = out.getvalue()
+    assert summary_count(text, "done") == 20000 and summary_count(text, "pending") == 1
+    assert summary_count(text, "not in input") == 1  # the stranger, in done.txt alone
+    assert "done ids without a result line: 1 (stranger)" in text
+    assert "result lines without a done line: 1 (q\"uote)" in text  # an escaped id: read through the full parse
+    lines[15000] = lines[15000][:40]  # damaged in the middle, in the second block
+    (sdir / "results.jsonl").write_text("\n".join(lines) + "\n")
+    err = io.StringIO()
+    assert redrive.main([str(ids_file), "--check"], out=io.StringIO(), err=err) == ExitCode.USAGE
+    assert "results.jsonl line 15001: not a redrive record (not JSON)" in err.getvalue()
