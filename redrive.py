@@ -1267,15 +1267,20 @@ def read_records(path: Path) -> Iterable[dict]:
         for number, line in enumerate(fh, 1):
             if not line.endswith(b"\n"):
                 return  # a torn last line: repaired on start, ignored by --check
-            try:
-                record = json.loads(line)
-            except (ValueError, RecursionError):
-                record = None
-            problem = "not JSON" if record is None else record_problem(path.name, record)
-            if problem:
-                raise RedriveError(f"{path} line {number}: not a redrive record ({problem}); "
-                                   "move the file away or fix that line")
-            yield record
+            yield checked_record(path, number, line)
+
+
+def checked_record(path: Path, number: int, line: bytes) -> dict:
+    """Line `number` of a ledger as its record, checked as a whole: else a user error naming the line."""
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):
+        record = None
+    problem = "not JSON" if record is None else record_problem(path.name, record)
+    if problem:
+        raise RedriveError(f"{path} line {number}: not a redrive record ({problem}); "
+                           "move the file away or fix that line")
+    return record
 
 
 def load_state(state_dir: Path, repair: bool = True, wanted: Optional[dict] = None,
@@ -2804,15 +2809,7 @@ def result_ids(path: Path, canonical: Optional[dict] = None) -> set:
 def records_of(path: Path, block: bytes, first: int) -> Iterable[dict]:
     """The records of a block of whole lines (after line `first` of path), each checked as a whole."""
     for number, line in enumerate(block.splitlines(keepends=True), first + 1):
-        try:
-            record = json.loads(line)
-        except (ValueError, RecursionError):
-            record = None
-        problem = "not JSON" if record is None else record_problem(path.name, record)
-        if problem:
-            raise RedriveError(f"{path} line {number}: not a redrive record ({problem}); "
-                               "move the file away or fix that line")
-        yield record
+        yield checked_record(path, number, line)
 
 
 # ------------------------------------------------------------------- lock
