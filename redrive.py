@@ -726,10 +726,6 @@ def build_body(template: str, item_id: str, as_json: bool) -> bytes:
     return template.replace("{id}", value).encode("utf-8")
 
 
-def is_http_url(url: str) -> bool:
-    return url_problem(url) is None
-
-
 def url_problem(url: str) -> Optional[str]:
     """Why url cannot be requested, in a few words; None when it can."""
     try:
@@ -1852,7 +1848,7 @@ def fetch(session: GuardedSession, item_id: str, cfg: Config, redact: Redactor,
             phase, chunked = Phase.BODY, bool(getattr(resp.raw, "chunked", False))
             bucket = classify_status(resp.status_code, cfg)
             if resp.status_code < 200:
-                drop_connection(resp)  # a 101, or an interim answer past MAX_INTERIM: no framing to trust
+                drop_connection(resp)  # a final 1xx (a 101): no body framing to trust on this connection
             wanted = bucket is Bucket.OK or bucket is Bucket.FATAL
             raw = read_body(resp, cfg.max_bytes if wanted else ERROR_BODY_BYTES, attempt.deadline, decode=wanted)
     except TRANSPORT_ERRORS as exc:
