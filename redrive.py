@@ -2202,10 +2202,7 @@ class Batch:
     def _tend(self) -> bool:
         """One look at the run: sync, progress, deadline, start work. False: it is over."""
         if not (self.heap or self.active or self.inflight):
-            if not (self.guard.held and not self.guard.tripped):
-                return False
-            for held, out in self.guard.release():  # fewer alike answers than it waited for: no halt
-                self.settle(held, out)
+            return self._release_held()  # a retry it schedules keeps the run going
         self.ledger.sync_if_due()
         self.progress.tick(self)
         if self.end_at is not None and not self.tally.stop and self.fx.clock() >= self.end_at:
@@ -2214,9 +2211,22 @@ class Batch:
             self.tally.due = self.fx.wallclock() + self.heap[0][0] - self.fx.clock()
             self.request_stop("later")
         if self.tally.stop:
-            return bool(self.inflight) and self.fx.clock() < self.stop_at
+            if self.inflight and self.fx.clock() < self.stop_at:
+                return True
+            self._release_held()  # the run is over whatever it leaves: nothing is scheduled after a stop
+            return False
         self._hand_out()
         return True
+
+    def _release_held(self) -> bool:
+        """The run ends before the guard decided: the answers it held are real
+        ones, settled as usual (unless it tripped, or a bug stops the run).
+        True when that left work to do."""
+        if not self.guard.held or self.guard.tripped or self.tally.crash:
+            return False
+        for held, out in self.guard.release():
+            self.settle(held, out)
+        return bool(self.heap or self.active)
 
     def _beyond_reach(self, due: float) -> bool:
         """Waiting for this would keep a cron run alive for nothing: the first

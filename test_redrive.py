@@ -2602,3 +2602,27 @@ def test_check_reads_results_without_a_json_parse_yet_checks_every_line(tmp_path
     err = io.StringIO()
     assert redrive.main([str(ids_file), "--check"], out=io.StringIO(), err=err) == ExitCode.USAGE
     assert "results.jsonl line 15001: not a redrive record (not JSON)" in err.getvalue()
+
+
+def test_answers_the_guard_held_are_recorded_when_the_run_ends_before_it_decides(server, tmp_path):
+    ids = [f"g{n}" for n in range(5)] + ["w"]
+    server.replies.update({item: [404] for item in ids[:5]})
+    sdir = tmp_path / "ids.redrive"
+    sdir.mkdir()
+    fake = FakeTime()
+    waiting = {"id": "w", "pass": 1, "bucket": "retryable", "status": 429, "error": "429 Too Many Requests",
+               "tries": 1, "at": redrive.iso(fake.wallclock()), "retry_after": 86400.0}
+    (sdir / "failed.jsonl").write_text(json.dumps(waiting) + "\n")  # w is due in a day: beyond this run's reach
+    code, err, _ = run_in_thread(lambda: crawl(server, tmp_path, ids, fake=fake))
+    assert code == ExitCode.INCOMPLETE and "nothing is due before" in err and "internal error" not in err
+    assert sorted(r["id"] for r in state(tmp_path, "unavailable.jsonl")) == ids[:5]  # answered: recorded
+
+
+def test_a_guard_that_releases_at_the_very_end_lets_the_run_finish(server, tmp_path, monkeypatch):
+    server.replies.update({f"g{n}": [404] for n in range(5)})
+    monkeypatch.setattr(redrive, "GUARD_SAMPLE", 50)  # more answers awaited than the run will give
+    real = redrive.Guard
+    monkeypatch.setattr(redrive, "Guard", lambda size: real(6 if size else 0))
+    code, err, _ = run_in_thread(lambda: crawl(server, tmp_path, [f"g{n}" for n in range(5)]))
+    assert code == ExitCode.OK and "internal error" not in err, err
+    assert len(state(tmp_path, "unavailable.jsonl")) == 5
