@@ -234,6 +234,9 @@ MAX_RETRY_AFTER = 86400.0
 MIN_WAIT = 0.001
 MAX_WAIT = 1.0
 
+#: The reason a TLS handshake or certificate check failed: no retry will fix it.
+TLS_ERROR = "TLS error (certificate or handshake)"
+
 #: The reason given an id that would be a '.' or '..' path segment: never sent.
 DOT_SEGMENT = "an id that is a path step ('.' or '..'), never sent"
 
@@ -450,10 +453,7 @@ def transport_failure(exc: BaseException, phase: Phase, timeout: float, chunked:
     while reading the body is a dropped connection, not a certificate problem.
     """
     chain = exception_chain(exc)
-
-    def has(*types) -> bool:
-        return any(isinstance(e, types) for e in chain)
-
+    has = functools.partial(chain_has, chain)
     if has(AttemptTimeout):
         return Bucket.RETRYABLE, f"timeout after {timeout:g} s"
     where = "redirect target: " if phase is Phase.REDIRECT else ""
@@ -471,7 +471,7 @@ def transport_failure(exc: BaseException, phase: Phase, timeout: float, chunked:
     if has(requests.exceptions.ConnectTimeout, urllib3.exceptions.ConnectTimeoutError):
         return Bucket.RETRYABLE, f"{where}connect timeout after {timeout:g} s"
     if phase is not Phase.BODY and has(ssl.SSLError, urllib3.exceptions.SSLError):
-        return Bucket.SKIP, "TLS error (certificate or handshake)"
+        return Bucket.SKIP, TLS_ERROR
     if has(requests.exceptions.Timeout, urllib3.exceptions.TimeoutError, socket.timeout):
         return Bucket.RETRYABLE, f"timeout after {timeout:g} s"
     if phase is Phase.BODY:
@@ -484,16 +484,19 @@ def body_failure(chain: list, chunked: bool) -> str:
     undecodable = next((e for e in chain if isinstance(e, UndecodableBody)), None)
     if undecodable is not None:
         return f"undecodable body ({undecodable.coding})"
-    if chunked and any(isinstance(e, (ValueError, urllib3.exceptions.InvalidChunkLength)) for e in chain):
+    if chunked and chain_has(chain, ValueError, urllib3.exceptions.InvalidChunkLength):
         return "broken chunked encoding"
     return "connection dropped mid-body"
 
 
+def chain_has(chain: list, *types) -> bool:
+    """Whether any exception of the chain is one of types."""
+    return any(isinstance(e, types) for e in chain)
+
+
 def answer_failure(chain: list, where: str) -> tuple:
     """(bucket, reason) for a connection that failed before a usable answer came."""
-    def has(*types) -> bool:
-        return any(isinstance(e, types) for e in chain)
-
+    has = functools.partial(chain_has, chain)
     if has(http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError):
         return Bucket.RETRYABLE, f"{where}connection dropped before the answer"
     if has(http.client.LineTooLong):
@@ -516,8 +519,8 @@ def never_connected(exc: BaseException) -> bool:
     tries: see Host.unreachable. It is also the one failure after which a
     POST is safe to repeat.
     """
-    return any(isinstance(e, (requests.exceptions.ConnectTimeout, urllib3.exceptions.ConnectTimeoutError,
-                              urllib3.exceptions.NewConnectionError)) for e in exception_chain(exc))
+    return chain_has(exception_chain(exc), requests.exceptions.ConnectTimeout, urllib3.exceptions.ConnectTimeoutError,
+                     urllib3.exceptions.NewConnectionError)
 
 
 def misconfiguration_sign(out: "Outcome", cfg: "Config") -> Optional[str]:
@@ -527,7 +530,7 @@ def misconfiguration_sign(out: "Outcome", cfg: "Config") -> Optional[str]:
     None for an answer that says nothing of the kind."""
     if out.bucket is Bucket.SKIP and out.status is not None and 400 <= out.status < 500:
         return status_reason(out.status)
-    if out.error.startswith("TLS error"):
+    if out.error == TLS_ERROR:
         return out.error
     if cfg.expect_json and out.error == "invalid JSON":
         return "not JSON (--expect-json)"
@@ -1009,11 +1012,11 @@ def check_urls(cfg: Config, ids: list, redact: Redactor) -> None:
     if "{id}" not in cfg.url:
         raise RedriveError(f"--url {shown!r} has no {{id}}; put {{id}} where the id goes")
     if cfg.url != "{id}":
-        if url_problem(build_url(cfg.url, "x")) == "is not an http(s) URL":
+        problem = url_problem(build_url(cfg.url, "x"))  # a word as the id: one in the port makes it no URL
+        if problem == "is not an http(s) URL":
             raise RedriveError(f"--url {shown!r} is not an http(s) URL; start it with https://")
-        if url_problem(build_url(cfg.url, "x")) or url_problem(build_url(cfg.url, "1")):
-            raise RedriveError(f"--url {shown!r} {url_problem(build_url(cfg.url, 'x'))}; "
-                               "put {id} in the path or the query, never in the port")
+        if problem:
+            raise RedriveError(f"--url {shown!r} {problem}; put {{id}} in the path or the query, never in the port")
         return
     for item_id in ids:
         problem = url_problem(item_id)
