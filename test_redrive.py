@@ -2424,7 +2424,7 @@ def test_a_stopped_run_over_many_ids_lists_pending_ids_by_count_not_one_by_one(s
     code, err, _ = crawl(server, tmp_path, ids, "--max-time", "0.05", fake=FastForward())
     report = json.loads((tmp_path / "ids.redrive" / "report.json").read_text())
     pending = report["counts"]["pending"]
-    assert code == ExitCode.INCOMPLETE and 2000 < pending < 3000
+    assert code == ExitCode.INCOMPLETE and 2000 < pending <= 3000  # however few finish in 0.05 s on a busy machine
     assert report["pending_listed"] == redrive.PENDING_LISTED == 1000
     assert len([r for r in report["unresolved"] if r["state"] == "pending"]) == 1000
     assert report["counts"]["done"] + pending == 3000
