@@ -435,11 +435,12 @@ def stopped_run(ids, base, state, how):
 NGINX_LIMITS = [(50, 0, False), (50, 10, False), (50, 10, True), (100, 20, True), (10, 5, True)]
 
 NGINX_CONF = """daemon off;
+master_process off;
 worker_processes 1;
 pid {dir}/nginx.pid;
 events {{ worker_connections 1024; }}
 http {{
-    log_format status '$status';
+    log_format status '$msec $status';
     access_log {dir}/access.log status;
     client_body_temp_path {dir}/tmp; proxy_temp_path {dir}/tmp; fastcgi_temp_path {dir}/tmp;
     uwsgi_temp_path {dir}/tmp; scgi_temp_path {dir}/tmp;
@@ -488,6 +489,8 @@ def nginx_row(binary, folder, rate, burst, nodelay, count, opt):
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for_port(port)
+        if server.poll() is not None:
+            raise RuntimeError(f"nginx exited at start (code {server.returncode}); see {run_dir / 'error.log'}")
         ids = run_dir / "ids.txt"
         ids.write_text("".join(f"i{n}\n" for n in range(count)))
         run = measured([sys.executable, str(HERE / "redrive.py"), str(ids), "--url",
@@ -495,10 +498,11 @@ def nginx_row(binary, folder, rate, burst, nodelay, count, opt):
     finally:
         server.terminate()
         server.wait()
-    statuses = Counter((run_dir / "access.log").read_text().split())
+    statuses = Counter(line.split()[-1] for line in (run_dir / "access.log").read_text().splitlines())
     sent, throttled = sum(statuses.values()), statuses["429"]
     ideal = (count - burst) / rate
     label = f"{rate} r/s, burst {burst}{' nodelay' if nodelay else ''}, {count} ids (exit {run.code})"
+    show_error(run)
     return label, (f"wall {run.wall:.1f} s = {run.wall / ideal:.2f} x (N - burst) / rate (target <= 1.15), "
                    f"429s {throttled} = {throttled / max(sent, 1):.1%} of {sent} requests (target <= 3%), "
                    f"CPU {run.cpu / max(sent, 1) * 1e6:.0f} us/request, peak {run.rss:.0f} MB")

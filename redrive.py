@@ -162,29 +162,52 @@ SYNC_INTERVAL = 1.0
 TTY_INTERVAL = 0.25
 LOG_INTERVAL = 30.0
 
-#: The throttle response: the rate falls to CUT_FACTOR of what the host
-#: answered in its last open second; each success then adds RATE_GROWTH req/s,
-#: so the rate climbs back by RATE_GROWTH * 100 percent a second.
-CUT_FACTOR = 0.9
-RATE_GROWTH = 0.05
-MIN_RATE = 0.5
-
-#: Near the pace the host accepted at its last cut (up to NEAR_FACTOR times
-#: it) the rate grows ten times slower: the limit is approached once and
-#: probed gently, not hit again every two seconds. Past that without a
-#: throttle, the limit has moved: full speed again.
-NEAR_FACTOR = 1.1
-
 #: Requests a new host gets in flight at first; each success adds one
 #: (doubling every round trip) until its first throttle, so a low rate limit
 #: is found with a handful of 429s, not --concurrency of them.
 START_LIMIT = 4
 
-#: Statuses that say "too fast" for the whole host, not just for one id;
-#: without a Retry-After they count only when they are this share of answers.
+#: Statuses that say "too fast". One is the host's (its rate limit), not one
+#: id's (an item being rebuilt, a per-object limit), when it is the HOST_RUN-th
+#: throttle in a row, or throttles are HOST_RUN or more and THROTTLE_SHARE or
+#: more of the host's answers in the last SHARE_WINDOW seconds; on a host
+#: whose pace is set already (it has limited before), PACED_RUN and
+#: PACED_SHARE. On a new host, the first throttle with no Retry-After is the
+#: host's. An id's own throttle makes that id wait alone; the host goes on.
 THROTTLE_STATUSES = frozenset({429, 503})
+HOST_RUN = 3
 THROTTLE_SHARE = 0.1
-THROTTLE_SAMPLE = 50
+PACED_RUN = 2
+PACED_SHARE = 0.05
+SHARE_WINDOW = 0.5
+
+#: The cut, at the host's throttle: the rate falls to CUT_FACTOR of the pace
+#: that was just too fast: the rate it was sent at, when the host accepted
+#: nearly that (CUT_FACTOR of it or more) in the last second it was open, or
+#: what it accepted. It then climbs back along a cubic: near that pace for
+#: about PLATEAU seconds (the limit is probed gently, not hit again at once),
+#: then faster and faster (the limit has moved): 1.1 times it after
+#: 2 x PLATEAU, 1.8 times after 3 x PLATEAU. The first cut, measured over
+#: less than RELIABLE_SPAN seconds (GUESS_SPAN at least), is a guess: the
+#: rate then grows by FAST_GROWTH req/s per answer (e-fold a second) until
+#: the next cut, where the last second lags behind it (half of it is near).
+CUT_FACTOR = 0.9
+PLATEAU = 4.0
+RELIABLE_SPAN = 0.5
+GUESS_SPAN = 0.25
+FAST_GROWTH = 1.0
+MIN_RATE = 0.5
+
+#: A host that throttles even the requests sent after the cut, with no
+#: Retry-After, is out of quota until its window ends: it gets one probe at a
+#: time, each after a pause of STARVED_SHARE of the time it has refused
+#: everything so far (PROBE_FIRST seconds at least, --max-backoff at most), so
+#: the window's end is found late by a quarter at most. Once the host has
+#: refused everything for STARVED_FOR x --max-backoff, its throttles count
+#: against the ids again: a host that refuses all for ever cannot keep a run alive.
+PROBE_FIRST = 0.1
+STARVED_SHARE = 0.25
+STARVED_FOR = 2
 
 #: Seconds of history behind the requests-per-second figure and the ETA.
 RATE_WINDOW = 10.0
@@ -395,6 +418,7 @@ class Item:
     pass_no: int = 1
     tries: int = 0
     host: str = ""  #: the origin it is sent to: throttles and caps are per host
+    sent: float = -1.0  #: when its last request started (-1: never, in this pass)
 
 
 @dataclass(frozen=True)
@@ -803,21 +827,19 @@ class Redactor:
 
 @dataclass
 class Host:
-    """One origin's gate: a throttle pause, an adaptive rate and concurrency.
+    """One origin's gate: a pause, an adaptive rate and concurrency.
 
-    A throttle (429 or 503) pauses the host for its Retry-After. It also cuts
-    the pace, at most once a second, when it is a clear signal: it carries a
-    Retry-After, or throttles are THROTTLE_SHARE of the host's last
-    THROTTLE_SAMPLE or more answers (one 503 among hundreds of 200s is that
-    item's problem). The cut: the rate falls to CUT_FACTOR of the answers
-    (any but a throttle) the host gave per second over the last second it
-    was open (not paused), and the concurrency to half. Each success adds
-    RATE_GROWTH req/s to the rate (5 percent a second at any pace; a tenth
-    of that near the pace accepted at the last cut) and 1 / limit to the
-    concurrency; a success here is any answer but a throttle (a 404 or a 500
-    says nothing about pace). Until its first cut a host is in slow start:
-    it begins at START_LIMIT requests in flight and each success adds a
-    whole one.
+    Answers feed it: succeeded (any answer but a throttle: a 404 or a 500
+    says nothing about pace), throttled (429, 503) and unreachable. A
+    throttle is the host's or one id's (see HOST_RUN). The host's first
+    throttle of a request sent after its last reaction is a new reaction:
+    the pause its Retry-After asks for, the cut (see CUT_FACTOR) and half the
+    concurrency; or, when nothing was accepted since the last reaction and
+    there is no Retry-After, a probe pause (see PROBE_FIRST). Throttles of
+    requests already in flight at a reaction are part of it: nothing more.
+    Until its first reaction a host is in slow start: it begins at
+    START_LIMIT requests in flight and each success adds one; after it,
+    1 / limit. The rate is None (no pacing) until the first cut.
 
     A host that DOWN_AFTER requests in a row never reached is down: it lets
     one probe at a time through, each after a longer pause, until any answer
@@ -830,12 +852,17 @@ class Host:
     inflight: int = 0
     paused_until: float = 0.0
     rate: Optional[float] = None  #: req/s ceiling, once the host has throttled
-    accepted: Optional[float] = None  #: answers per second the host gave at the last cut
-    slow_start: bool = False  #: no cut yet: the limit grows by one a success
+    peak: Optional[float] = None  #: the pace the host accepted at the last cut: the cubic's anchor
+    fast: bool = False  #: the last cut was a guess: the rate doubles every second
+    slow_start: bool = False  #: no reaction yet: the limit grows by one a success
     next_slot: float = 0.0
-    cut_at: float = float("-inf")
+    reacted_at: float = float("-inf")  #: the last reaction to the host's throttle
+    window_start: float = float("-inf")  #: when the last Retry-After pause ended
     first_answer: float = float("inf")
+    last_ok: float = float("-inf")  #: the last answer that was not a throttle
     recent: deque = field(default_factory=deque)  #: (time, kind) of the last second's answers
+    run: int = 0  #: throttles in a row
+    starved_since: Optional[float] = None  #: refusing everything since, with no Retry-After
     unreached: int = 0  #: requests in a row that never reached the host
     down_since: Optional[float] = None  #: when it was taken as down
     probes: int = 0  #: probes that failed since then
@@ -844,7 +871,8 @@ class Host:
 
     def opens_at(self, now: float) -> Optional[float]:
         """When the gate lets the next request through: now, later, or None (full)."""
-        if self.inflight >= min(self.cap, int(self.limit)):
+        ceiling = 1 if self.starved_since is not None else min(self.cap, int(self.limit))
+        if self.inflight >= ceiling:
             return None
         return max(now, self.paused_until, self.next_slot)
 
@@ -861,6 +889,10 @@ class Host:
         self.recent.append((now, kind))
         while self.recent[0][0] < now - 1.0:
             self.recent.popleft()
+        if kind == "throttle":
+            self.run += 1
+        elif kind == "ok":
+            self.run, self.last_ok, self.starved_since = 0, now, None
 
     def forgettable(self, now: float, ceiling: int) -> bool:
         """Idle and as a new host would be: nothing is lost by dropping it."""
@@ -897,33 +929,79 @@ class Host:
         """Any answer but a throttle: the host keeps up, so the pace may grow."""
         self.answered(now, "ok")
         self.limit = min(ceiling, self.limit + (1.0 if self.slow_start else 1.0 / self.limit))
-        if self.rate:
-            near = self.accepted and self.accepted <= self.rate <= NEAR_FACTOR * self.accepted
-            self.rate += RATE_GROWTH / 10 if near else RATE_GROWTH
+        if self.rate and self.fast:
+            self.rate += FAST_GROWTH
+        elif self.rate:
+            self.rate = max(self.rate, self.peak * cubic_pace(now - self.reacted_at))
 
-    def throttled(self, now: float, wait: Optional[float]) -> None:
-        """A 429 or 503: pause for its Retry-After; slow down if it is a clear signal."""
+    def throttled(self, now: float, sent: float, wait: Optional[float], cap: float) -> bool:
+        """A 429 or 503 of a request sent at `sent`, asking to wait `wait`
+        seconds (None: no Retry-After). True when it is the host's throttle,
+        False when it is this id's alone (the host goes on as it was)."""
         self.answered(now, "throttle")
-        pausing, resumed = self.paused_until > now, self.paused_until
+        if sent > self.reacted_at and not self.host_wide(wait is not None):
+            return False
         if wait is not None:
             self.paused_until = max(self.paused_until, now + wait)
-        kinds = Counter(kind for _, kind in self.recent)
-        many = len(self.recent) >= THROTTLE_SAMPLE and kinds["throttle"] >= THROTTLE_SHARE * len(self.recent)
-        if not (wait is not None or many) or pausing or now - self.cut_at < 1.0:
-            return  # no signal, or one the pause under way already answers
-        self.cut_at, self.slow_start = now, False
+        if sent > self.reacted_at:  # sent after the last reaction: that one was not enough
+            self.react(now, wait, cap)
+        return True
+
+    def host_wide(self, with_wait: bool) -> bool:
+        """Throttles in a row, or a share of the last second's answers: the host's limit."""
+        now = self.recent[-1][0]
+        last = [kind for t, kind in self.recent if t >= now - SHARE_WINDOW]
+        throttles = last.count("throttle")
+        if self.slow_start and not with_wait:  # a new host's first answers: 429 with no Retry-After means "too fast"
+            return True
+        if self.rate:  # a host known to limit: its throttles are expected, and cheap to heed
+            return throttles >= PACED_RUN and throttles >= PACED_SHARE * len(last)
+        return self.run >= HOST_RUN or (throttles >= HOST_RUN and throttles >= THROTTLE_SHARE * len(last))
+
+    def react(self, now: float, wait: Optional[float], cap: float) -> None:
+        """The host's throttle of a request sent after the last reaction."""
+        starved = self.last_ok < self.reacted_at  # nothing accepted since the last reaction
+        self.reacted_at, self.slow_start = now, False
+        if starved and self.starved_since is None:
+            self.starved_since = now
+        if starved and wait is None:
+            pause = max(PROBE_FIRST, STARVED_SHARE * (now - self.starved_since))
+            self.paused_until = max(self.paused_until, now + min(cap, pause))
+        elif not starved:
+            self.cut(now)
+        if wait is not None:
+            self.window_start = now + wait
+
+    def cut(self, now: float) -> None:
+        """The rate to CUT_FACTOR of what the host accepted in its last open
+        second, the concurrency to half."""
         self.limit = max(1.0, self.limit / 2)
-        since = max(now - 1.0, self.first_answer, resumed)  # the last second the host was open
+        opened = self.window_start if self.window_start <= now else float("-inf")
+        # the last second it was open
+        since = max(now - 1.0, self.first_answer, opened)
         answers = sum(1 for t, kind in self.recent if t >= since and kind != "throttle")
-        # a pause that ends within that second marks the end of a quota window: the
-        # answers were the allowance up to then, not just up to now
+        # a Retry-After pause that ends within that second marks the end of a quota
+        # window: the answers were the allowance up to then, not just up to now
         end = self.paused_until if now < self.paused_until <= since + 1.0 else now
-        accepted = answers / max(0.5, end - since)
-        if accepted:
-            self.rate = max(MIN_RATE, CUT_FACTOR * min(self.rate or accepted, accepted))
-            self.accepted = accepted
-        elif self.rate:
-            self.rate = max(MIN_RATE, self.rate / 2)
+        span = end - since
+        accepted = max(answers, 1) / max(GUESS_SPAN, span)
+        # the host took nearly what was sent (or, while the rate doubles, half: the
+        # last second lags behind it): the pace was about right, just over the limit
+        near = self.rate and accepted >= (0.5 if self.fast else CUT_FACTOR) * self.rate
+        self.peak = self.rate if near else accepted
+        self.fast = (self.rate is None or self.fast) and span < RELIABLE_SPAN  # a guess: double until a better one
+        self.rate = max(MIN_RATE, CUT_FACTOR * self.peak)
+
+    def starved_for(self, now: float) -> float:
+        """Seconds the host has refused everything, with no Retry-After (0: it has not)."""
+        return 0.0 if self.starved_since is None else now - self.starved_since
+
+
+def cubic_pace(elapsed: float) -> float:
+    """The rate, as a share of the pace accepted at the last cut, `elapsed`
+    seconds after it: 1 + (1 - CUT_FACTOR) * ((elapsed - PLATEAU) / PLATEAU) ** 3.
+    CUT_FACTOR at the cut, 1 after PLATEAU seconds, growing ever faster past it."""
+    return 1.0 + (1.0 - CUT_FACTOR) * ((elapsed - PLATEAU) / PLATEAU) ** 3
 
 
 def shown_host(url: str) -> str:
@@ -2128,7 +2206,10 @@ class Batch:
             host = self.hosts[item.host] = Host(limit=start, cap=cap, slow_start=True)
         if not host.ready:
             self.active.append(item.host)
-        host.ready.append(item)
+        if item.sent >= 0:
+            host.ready.appendleft(item)  # a retry whose time has come goes before untried ids
+        else:
+            host.ready.append(item)
 
     def _promote(self, now: float) -> None:
         while self.heap and self.heap[0][0] <= now:
@@ -2276,6 +2357,7 @@ class Batch:
         if not host.ready:
             self.active.remove(item.host)
         host.start(now)
+        item.sent = now
         if self.cfg.rate:
             self.next_slot = max(self.next_slot, now) + 1.0 / self.cfg.rate
         if item.pass_no > 1 and item.tries == 0:
@@ -2351,13 +2433,22 @@ class Batch:
             self.tally.down = None
         host.reached()
         if out.status in THROTTLE_STATUSES:
-            wait = None if out.retry_after is None else min(out.retry_after, self.cfg.max_backoff)
-            host.throttled(now, wait)
+            return self._throttled(host, item, out, now)
         elif out.status is not None:
             host.succeeded(now, self.cfg.concurrency)  # a 404 or a 500 is no "slow down" either
         else:
             host.answered(now, "other")  # no answer at all (a timeout, a dropped connection): no growth
         return False
+
+    def _throttled(self, host: Host, item: Item, out: Outcome, now: float) -> bool:
+        """A 429 or 503. The host's throttle costs the id no try: it goes
+        first again once the gate opens. Unless the wait asked for is past
+        --max-backoff, or the host has refused everything for STARVED_FOR x
+        --max-backoff: then it counts against the id, as any failure would."""
+        cap = self.cfg.max_backoff
+        wait = None if out.retry_after is None else min(out.retry_after, cap)
+        hosts = host.throttled(now, item.sent, wait, cap)
+        return hosts and (out.retry_after or 0.0) <= cap and host.starved_for(now) < STARVED_FOR * cap
 
     def _unreachable(self, host: Host, out: Outcome, now: float) -> None:
         """When every id goes to one host, that host being unreachable means the
@@ -2412,7 +2503,9 @@ class Batch:
         if wait is not None and wait > self.cfg.max_backoff:
             out.error += f", asked to wait {wait:g} s (over --max-backoff {self.cfg.max_backoff:g} s)"
         elif item.tries < self.cfg.tries:
-            if wait is None:
+            if wait is None and out.status in THROTTLE_STATUSES and self.hosts[item.host].rate:
+                wait = 0.0  # the host's pace is set: a near miss of its limit, tried at the next slot
+            elif wait is None:
                 wait = backoff_delay(item.tries, self.cfg.backoff, self.cfg.max_backoff, self.fx.rand)
             self.schedule(item, self.fx.clock() + wait)
             return
