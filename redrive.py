@@ -934,12 +934,12 @@ class Host:
         elif self.rate:
             self.rate = max(self.rate, self.peak * cubic_pace(now - self.reacted_at))
 
-    def throttled(self, now: float, sent: float, wait: Optional[float], cap: float) -> bool:
+    def throttled(self, now: float, sent: float, wait: Optional[float], cap: float, status: int = 429) -> bool:
         """A 429 or 503 of a request sent at `sent`, asking to wait `wait`
         seconds (None: no Retry-After). True when it is the host's throttle,
         False when it is this id's alone (the host goes on as it was)."""
         self.answered(now, "throttle")
-        if sent > self.reacted_at and not self.host_wide(wait is not None):
+        if sent > self.reacted_at and not self.host_wide(status == 429 and wait is None):
             return False
         if wait is not None:
             self.paused_until = max(self.paused_until, now + wait)
@@ -947,12 +947,14 @@ class Host:
             self.react(now, wait, cap)
         return True
 
-    def host_wide(self, with_wait: bool) -> bool:
+    def host_wide(self, plain_429: bool) -> bool:
         """Throttles in a row, or a share of the last second's answers: the host's limit."""
         now = self.recent[-1][0]
         last = [kind for t, kind in self.recent if t >= now - SHARE_WINDOW]
         throttles = last.count("throttle")
-        if self.slow_start and not with_wait:  # a new host's first answers: 429 with no Retry-After means "too fast"
+        if self.starved_since is not None:  # refusing everything: a probe's throttle too
+            return True
+        if self.slow_start and plain_429:  # a new host's first answers: a 429 with no Retry-After is "too fast"
             return True
         if self.rate:  # a host known to limit: its throttles are expected, and cheap to heed
             return throttles >= PACED_RUN and throttles >= PACED_SHARE * len(last)
@@ -2432,7 +2434,7 @@ class Batch:
             self.progress.say(f"redrive: {self.api} answers again; resuming")
             self.tally.down = None
         host.reached()
-        if out.status in THROTTLE_STATUSES:
+        if out.status in THROTTLE_STATUSES and out.bucket is Bucket.RETRYABLE:  # not if --skip or --fatal names it
             return self._throttled(host, item, out, now)
         elif out.status is not None:
             host.succeeded(now, self.cfg.concurrency)  # a 404 or a 500 is no "slow down" either
@@ -2447,7 +2449,7 @@ class Batch:
         --max-backoff: then it counts against the id, as any failure would."""
         cap = self.cfg.max_backoff
         wait = None if out.retry_after is None else min(out.retry_after, cap)
-        hosts = host.throttled(now, item.sent, wait, cap)
+        hosts = host.throttled(now, item.sent, wait, cap, out.status)
         return hosts and (out.retry_after or 0.0) <= cap and host.starved_for(now) < STARVED_FOR * cap
 
     def _unreachable(self, host: Host, out: Outcome, now: float) -> None:

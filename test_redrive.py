@@ -512,12 +512,36 @@ def test_an_id_waiting_out_its_backoff_does_not_hold_a_worker(server, tmp_path):
     assert fetched["b"] == fetched["c"] == redrive.iso(FakeTime().wallclock())
 
 
-def test_a_retry_after_pauses_the_whole_host(server, tmp_path):
+def test_a_lone_throttle_is_that_ids_alone_and_the_host_goes_on(server, tmp_path):
     server.replies["a"] = [(429, b"", {"Retry-After": "5"}), 200]
     code, _, fake = crawl(server, tmp_path, ["a", "b", "c"])
     assert code == ExitCode.OK and fake.sleeps == [5.0]
     fetched = {r["id"]: r["fetched_at"] for r in state(tmp_path, "results.jsonl")}
-    assert fetched["b"] == fetched["c"] == fetched["a"] == redrive.iso(FakeTime().wallclock() + 5)
+    assert fetched["b"] == fetched["c"] == redrive.iso(FakeTime().wallclock())
+    assert fetched["a"] == redrive.iso(FakeTime().wallclock() + 5)
+
+
+def test_throttles_in_a_row_are_the_hosts_pause_it_and_cost_the_id_no_try(server, tmp_path):
+    for item in ("a", "b", "c"):
+        server.replies[item] = [(429, b"", {"Retry-After": "5"}), 200]
+    code, _, fake = crawl(server, tmp_path, ["a", "b", "c", "d"], "--concurrency", "1", "--tries", "1", "--passes", "1")
+    assert code == ExitCode.OK and fake.sleeps[0] == 5.0  # then the paced host's slot for d
+    assert [r["id"] for r in state(tmp_path, "unavailable.jsonl")] == ["a", "b"]  # lone when they came: a try each
+    assert server.paths == ["/items/a", "/items/b", "/items/c", "/items/c", "/items/d"]  # c: no try spent
+    fetched = {r["id"]: r["fetched_at"] for r in state(tmp_path, "results.jsonl")}
+    assert fetched["c"] == redrive.iso(FakeTime().wallclock() + 5)
+
+
+def test_a_new_hosts_first_throttle_without_retry_after_is_the_hosts(server, tmp_path):
+    server.replies["a"] = [429, 200]
+    code, _, _ = crawl(server, tmp_path, ["a"], "--tries", "1", "--passes", "1")
+    assert code == ExitCode.OK and server.hits["a"] == 2  # "too fast" from the host: no try spent
+
+
+def test_a_retry_whose_time_has_come_goes_before_untried_ids(server, tmp_path):
+    server.replies["a"] = [500, 200]
+    code, _, _ = crawl(server, tmp_path, ["a", "b", "c", "d"], "--concurrency", "1", "--backoff", "0")
+    assert code == ExitCode.OK and server.paths == ["/items/a", "/items/a", "/items/b", "/items/c", "/items/d"]
 
 
 def test_rate_spaces_requests_evenly_across_workers(server, tmp_path):
@@ -1687,85 +1711,124 @@ def test_secrets_are_redacted_in_errors_too(tmp_path):
 # ------------------------------------------------------ throttle and shards
 
 
-def test_a_clear_throttle_halves_concurrency_and_sets_the_rate_to_what_the_host_accepted():
-    host = redrive.Host(limit=32.0, cap=32)
-    for n in range(50):
-        host.start(n / 100)
-        host.succeeded(n / 100 + 0.4, 32)
-    host.start(0.9)
-    host.throttled(0.95, wait=2.0)
-    assert host.paused_until == 2.95 and host.limit == 16.0
-    assert host.rate == pytest.approx(0.9 * 50 / 0.55)  # 50 answers in the 0.55 s since the first
-    host.inflight = 0
-    assert host.opens_at(1.0) == 2.95
-    host.throttled(1.5, wait=None)  # within a second of the cut: no second cut
-    assert host.limit == 16.0
-
-
-def test_success_recovers_the_pace_gradually():
-    host = redrive.Host(limit=1.0, cap=8, rate=10.0)
-    for n in range(20):
-        host.start(n)
-        host.succeeded(n + 0.1, 8)
-    assert host.rate == pytest.approx(10.0 + 20 * redrive.RATE_GROWTH)
-    assert 5 < host.limit <= 8
+def answers(host, times, kind="ok"):
+    """Feed a Host answers at the given times: successes, or throttles (no Retry-After)."""
+    for t in times:
+        host.start(t - 0.001)
+        if kind == "ok":
+            host.succeeded(t, host.cap)
+        else:
+            host.throttled(t, t - 0.001, None, 60.0)
 
 
 def test_a_new_host_starts_slow_and_doubles_until_its_first_throttle():
     host = redrive.Host(limit=4.0, cap=32, slow_start=True)
-    for n in range(12):
-        host.start(n / 100)
-        host.succeeded(n / 100 + 0.02, 32)
+    answers(host, [n / 100 + 0.02 for n in range(12)])
     assert host.limit == 16.0  # one more per success: doubling every round trip
     host.start(0.2)
-    host.throttled(0.21, wait=0.5)
+    assert host.throttled(0.21, 0.2, None, 60.0)  # a new host's "too fast": the host's
     assert not host.slow_start and host.limit == 8.0
     host.start(0.8)
     host.succeeded(0.81, 32)
     assert host.limit == 8.125  # after the cut: 1 / limit a success
 
 
+def test_a_throttle_is_the_hosts_only_when_throttles_cluster():
+    host = redrive.Host(limit=8.0, cap=8)
+    answers(host, [n / 100 for n in range(1, 91)])
+    host.start(0.91)
+    assert not host.throttled(0.92, 0.91, 5.0, 60.0)  # one in 91: that id's, with its own wait
+    assert host.rate is None and host.paused_until == 0.0 and host.limit == 8.0
+    hosts = []
+    for t in (0.93, 0.94):
+        host.start(t)
+        hosts.append(host.throttled(t + 0.005, t, 5.0, 60.0))
+    assert hosts == [False, True]  # the third in a row: the host's limit
+    assert host.paused_until == 0.945 + 5.0 and host.limit == 4.0 and host.rate is not None
+
+
+def test_throttles_of_requests_in_flight_at_a_reaction_are_part_of_it():
+    host = redrive.Host(limit=8.0, cap=8)
+    answers(host, [n / 100 for n in range(1, 91)])
+    for _ in range(3):
+        host.start(0.9)
+    answers(host, [0.91, 0.92, 0.93], kind="throttle")
+    rate, limit = host.rate, host.limit
+    host.start(0.9)
+    assert host.throttled(0.95, 0.9, None, 60.0)  # sent before the reaction: the host's, nothing more
+    assert (host.rate, host.limit) == (rate, limit)
+
+
+def test_the_cut_is_below_the_pace_sent_when_the_host_took_nearly_all_of_it():
+    host = redrive.Host(limit=8.0, cap=8, rate=50.0, peak=50.0, reacted_at=-10.0)
+    host.first_answer = 0.0
+    answers(host, [1.0 + n / 49 for n in range(49)])  # 49 answers in the last second, at 50 r/s
+    host.rate = host.peak  # as it was sent
+    host.start(2.0)
+    host.start(2.0)
+    assert not host.throttled(2.0, 2.0, None, 60.0)  # one near miss: that id's
+    assert host.throttled(2.001, 2.0, None, 60.0)  # two in half a second, on a host that limits: the host's
+    assert host.peak == 50.0 and host.rate == pytest.approx(45.0)
+
+
+def test_the_cut_is_below_what_the_host_accepted_when_it_took_far_less():
+    host = redrive.Host(limit=8.0, cap=8, rate=100.0, peak=100.0, reacted_at=-10.0)
+    host.first_answer = 0.0
+    answers(host, [1.01 + n / 50 for n in range(50)])  # 50 answers in the last second, sent at 100 r/s
+    host.rate = host.peak  # as it was sent
+    host.start(2.0)
+    host.start(2.0)
+    assert not host.throttled(2.0, 2.0, None, 60.0)  # one near miss: that id's
+    assert host.throttled(2.001, 2.0, None, 60.0)  # two in half a second, on a host that limits: the host's
+    assert host.peak == pytest.approx(50.0) and host.rate == pytest.approx(45.0)
+
+
+def test_after_a_cut_the_rate_climbs_back_along_a_cubic():
+    assert [round(redrive.cubic_pace(t), 3) for t in (0, 2, 4, 6, 8, 12)] == [0.9, 0.988, 1.0, 1.012, 1.1, 1.8]
+    host = redrive.Host(limit=4.0, cap=8, rate=45.0, peak=50.0, reacted_at=10.0)
+    for t, rate in ((12.0, 49.375), (14.0, 50.0), (18.0, 55.0)):
+        host.start(t)
+        host.succeeded(t, 8)
+        assert host.rate == pytest.approx(rate)
+
+
+def test_a_first_guess_grows_fast_until_a_measured_cut():
+    host = redrive.Host(limit=4.0, cap=32, slow_start=True)
+    answers(host, [0.001])
+    answers(host, [0.002, 0.003, 0.004], kind="throttle")
+    assert host.fast and host.rate == pytest.approx(0.9 * 1 / redrive.GUESS_SPAN)  # 1 answer in a few ms: a guess
+    rate = host.rate
+    answers(host, [0.5, 0.6])
+    assert host.rate == pytest.approx(rate + 2 * redrive.FAST_GROWTH)
+
+
+def test_a_host_that_refuses_everything_after_the_cut_is_probed_one_at_a_time():
+    host = redrive.Host(limit=8.0, cap=8)
+    answers(host, [n / 100 for n in range(1, 51)])
+    answers(host, [0.6, 0.61, 0.62], kind="throttle")  # the quota is spent: the cut
+    assert host.starved_for(0.62) == 0.0
+    host.start(0.7)
+    host.throttled(0.71, 0.7, None, 60.0)  # sent after the cut, refused, nothing accepted since
+    assert host.starved_for(0.71) == 0.0 and host.paused_until == pytest.approx(0.71 + redrive.PROBE_FIRST)
+    assert host.opens_at(0.9) == 0.9
+    host.start(0.9)
+    assert host.opens_at(0.9) is None  # one probe at a time
+    host.throttled(2.71, 0.9, None, 60.0)
+    assert host.starved_for(2.71) == pytest.approx(2.0)
+    assert host.paused_until == pytest.approx(2.71 + 0.5)  # a quarter of the time refused so far
+    host.start(3.3)
+    host.succeeded(3.31, 8)
+    assert host.starved_for(3.31) == 0.0 and host.opens_at(3.31) is not None
+
+
 def test_a_pause_inside_the_second_marks_a_quota_window_for_the_cut():
     host = redrive.Host(limit=8.0, cap=8)
-    host.paused_until, host.cut_at, host.first_answer = 1.0, 0.0, 0.0  # the last window ended at 1.0
-    for n in range(10):  # the whole allowance, 10 answers, in the window's first 0.2 s
-        host.start(1.0 + n / 50)
-        host.succeeded(1.02 + n / 50, 8)
-    host.start(1.2)
-    host.throttled(1.21, wait=0.79)  # "come back at 2.0": the window was [1.0, 2.0)
-    assert host.accepted == pytest.approx(10.0) and host.rate == pytest.approx(9.0)
-
-
-def test_the_rate_grows_slowly_near_the_pace_of_the_last_cut_and_fast_past_it():
-    host = redrive.Host(limit=8.0, cap=8, rate=9.0, accepted=10.0)
-    steps = []
-    for rate in (9.0, 10.5, 11.5):
-        host.rate = rate
-        host.start(5.0)
-        host.succeeded(5.01, 8)
-        steps.append(round(host.rate - rate, 6))
-    assert steps == [redrive.RATE_GROWTH, redrive.RATE_GROWTH / 10, redrive.RATE_GROWTH]
-
-
-def test_a_rare_throttle_without_retry_after_is_that_items_problem():
-    host = redrive.Host(limit=8.0, cap=8)
-    for n in range(90):
-        host.start(n / 100)
-        host.succeeded(n / 100 + 0.01, 8)
-    host.start(0.92)
-    host.throttled(0.93, wait=None)  # 1 throttle in 91 answers
-    assert host.limit == 8.0 and host.rate is None and host.paused_until == 0.0
-
-
-def test_many_throttles_without_retry_after_slow_the_host():
-    host = redrive.Host(limit=8.0, cap=8)
-    for n in range(45):
-        host.start(n / 100)
-        host.succeeded(n / 100 + 0.01, 8)
-    for n in range(6):  # 6 throttles in 51 answers: over 10%
-        host.start(0.5)
-        host.throttled(0.5 + n / 100, wait=None)
-    assert host.limit == 4.0 and host.rate is not None and host.paused_until == 0.0
+    host.first_answer, host.window_start = 0.0, 1.0  # the last window ended at 1.0
+    answers(host, [1.02 + n / 50 for n in range(10)])  # the whole allowance, 10 answers, in the window's first 0.2 s
+    for t in (1.2, 1.205, 1.21):
+        host.start(t)
+        host.throttled(t + 0.001, t, 2.0 - (t + 0.001), 60.0)  # "come back at 2.0": the window was [1.0, 2.0)
+    assert host.peak == pytest.approx(10.0) and host.rate == pytest.approx(9.0)
 
 
 def test_a_host_is_down_after_requests_in_a_row_never_reach_it_and_probed_one_at_a_time():
@@ -1824,7 +1887,7 @@ def run_batch(tmp_path, ids, *extra):
 
 def test_idle_hosts_are_forgotten_and_throttled_ones_kept(server, tmp_path):
     port = server.server_address[1]
-    server.replies["t"] = [(429, b"", {"Retry-After": "1"}), 200]
+    server.replies["t"] = [429, 200]  # a new host's "too fast": its pace is set, it is kept
     ids = [f"http://127.0.0.1:{port}/items/a", f"http://127.0.0.1:{port}/items/b", f"http://localhost:{port}/items/t"]
     batch = run_batch(tmp_path, ids)
     assert server.hits == Counter({"a": 1, "b": 1, "t": 2})
@@ -1866,23 +1929,6 @@ def test_proxy_settings_from_the_environment_are_honoured(server, tmp_path, monk
         proxy.shutdown()
         proxy.server_close()
         thread.join()
-
-
-def test_a_throttle_during_a_pause_is_already_answered_and_the_rate_counts_only_open_time():
-    host = redrive.Host(limit=8.0, cap=8)
-    for n in range(20):
-        host.start(n / 100)
-        host.succeeded(n / 100 + 0.01, 8)
-    host.throttled(0.3, wait=1.0)  # the first cut; paused until 1.3
-    assert host.limit == 4.0 and host.paused_until == 1.3
-    host.throttled(1.2, wait=1.0)  # sent before the pause, answered during it
-    assert host.limit == 4.0 and host.paused_until == 2.2
-    for n in range(30):  # the host open again from 2.2: 30 answers in 0.6 s
-        host.start(2.2 + n / 50)
-        host.succeeded(2.2 + n / 50 + 0.001, 8)
-    rate = host.rate
-    host.throttled(2.8, wait=1.0)
-    assert host.rate == pytest.approx(0.9 * min(rate, 30 / 0.6))
 
 
 # ------------------------------------------------- faults at the socket level
@@ -2100,7 +2146,7 @@ def test_a_retry_after_past_the_runs_reach_ends_the_run_and_says_when_to_rerun(s
     server.replies["t"] = [(429, b"", {"Retry-After": value})]
     code, err, fake = crawl(server, tmp_path, ["t", "ok"], "-q")
     assert code == ExitCode.INCOMPLETE
-    assert fake.sleeps == [60.0]  # "ok" waits out the host's pause, capped at --max-backoff; nobody waits a day
+    assert fake.sleeps == []  # a lone throttle holds back no other id, and nobody waits a day
     [failed] = state(tmp_path, "failed.jsonl")
     assert failed["retry_after"] == redrive.MAX_RETRY_AFTER == 86400.0
     assert redrive.parse_iso(failed["due"]) - redrive.parse_iso(failed["at"]) == 86400.0
