@@ -10,6 +10,9 @@ Scenarios (all by default):
                  404 (2%), an empty body, a slow answer, a dropped connection
   rate-limited   3,000 ids; the server allows 100 requests a second and answers
                  429 with a Retry-After beyond that; concurrency 32, no --rate
+  lone-429       10,000 ids on a server with no limit, 3% of them answering 429 +
+                 Retry-After: 1 once (an item being rebuilt); concurrency 16,
+                 against a clean run of the same ids
   resume         1,000,000 ids of which 999,990 are done already
   stop           1,000,000 ids, stopped by SIGTERM, by SIGHUP and by --max-time 5
                  soon after the first answers: how long from the stop to the exit
@@ -103,12 +106,16 @@ class Handler(BaseHTTPRequestHandler):
         with srv.lock:
             srv.hits[item] += 1
             hit = srv.hits[item]
+            if kind == "429-lone":
+                srv.times.setdefault(item, []).append(time.monotonic())
             if item in srv.settled:
                 srv.wasted += 1
             throttled = srv.over_limit()
         time.sleep(SLOW if kind == "slow" else srv.latency)
         if throttled:
             return self.send(429, b"slow down", {"Retry-After": throttled})
+        if kind == "429-lone" and hit == 1:  # this item only: being rebuilt, come back in a second
+            return self.send(429, b"rebuilding", {"Retry-After": "1"})
         status, body = self.answer(kind, hit, item)
         if status is None:
             self.close_connection = True
@@ -158,6 +165,7 @@ class BenchServer(ThreadingHTTPServer):
         self.lock = threading.Lock()
         self.hits, self.statuses, self.settled, self.wasted = Counter(), Counter(), set(), 0
         self.window, self.in_window = 0, 0
+        self.times = {}  #: item -> monotonic times of its requests, for the 429-lone kind
 
     def over_limit(self):
         """A fixed one-second window: `limit` requests, then 429 until the next
@@ -177,7 +185,8 @@ class BenchServer(ThreadingHTTPServer):
 
     def stats(self):
         with self.lock:
-            return {"hits": dict(self.hits), "statuses": dict(self.statuses), "wasted": self.wasted}
+            return {"hits": dict(self.hits), "statuses": dict(self.statuses), "wasted": self.wasted,
+                    "times": self.times}
 
 
 def serve(port_queue, latency, faults, limit):
@@ -385,6 +394,36 @@ def resume(folder, count, opt, left=10):
         ("--check over the same state", f"{check.wall:.2f} s, peak memory {check.rss:.0f} MB (exit {check.code})"),
     ]
     table(f"resume: {count} ids, {count - left} already done (exit {run.code})", rows)
+    show_error(run)
+
+
+def lone_429(folder, count, opt):
+    """A server with no limit at all where 3% of the ids answer 429 + Retry-After: 1 once."""
+    ids = write_ids(folder, count)
+    proc, base = start_server(opt.latency)
+    try:
+        clean_run = measured(redrive_cmd(ids, base, "--concurrency", "16", "--state-dir", str(folder / "clean")))
+    finally:
+        proc.terminate()
+    proc, base = start_server(opt.latency, faults=fault_table({"429-lone": 3}))
+    try:
+        run = measured(redrive_cmd(ids, base, "--concurrency", "16"))
+        stats = server_stats(base)
+    finally:
+        proc.terminate()
+    sent, throttled = sent_and_throttled(stats)
+    late = sorted(max(0.0, times[1] - times[0] - 1.0) for times in stats["times"].values() if len(times) > 1)
+    rows = [
+        ("clean run of the same ids (no 429)", f"{clean_run.wall:.2f} s"),
+        ("wall", f"{run.wall:.2f} s = {run.wall / clean_run.wall:.2f} x the clean run (target <= 1.25)"),
+        ("429s", f"{throttled} = {throttled / max(sent, 1):.1%} of {sent} requests"),
+        ("asked again after its 1 s wait", f"median {late[len(late) // 2]:.2f} s late, at most {late[-1]:.2f} s "
+                                           f"(target <= 2 s), {len(late)} of {throttled} ids" if late else "none"),
+        ("client CPU per request", f"{run.cpu / max(sent, 1) * 1e6:.0f} us"),
+        ("peak memory", f"{run.rss:.0f} MB"),
+    ]
+    table(f"lone 429s: {count} ids, 3% answer 429 + Retry-After: 1 once, no rate limit, "
+          f"{opt.latency * 1000:g} ms latency, concurrency 16 (exit {run.code})", rows)
     show_error(run)
 
 
@@ -685,9 +724,9 @@ def fs_type(folder):
         return "?"
 
 
-SCENARIOS = {"clean": clean, "flaky": flaky, "rate-limited": rate_limited, "resume": resume, "fsync": fsync,
-             "stop": stop, "nginx": nginx, "chaos": chaos}
-COUNTS = {"clean": 10_000, "flaky": 10_000, "rate-limited": 3_000, "resume": 1_000_000, "fsync": 5_000,
+SCENARIOS = {"clean": clean, "flaky": flaky, "rate-limited": rate_limited, "lone-429": lone_429,
+             "resume": resume, "fsync": fsync, "stop": stop, "nginx": nginx, "chaos": chaos}
+COUNTS = {"clean": 10_000, "flaky": 10_000, "rate-limited": 3_000, "lone-429": 10_000, "resume": 1_000_000, "fsync": 5_000,
           "stop": 1_000_000, "nginx": 0, "chaos": 10_000}
 
 
