@@ -26,9 +26,11 @@ Pass one tries every pending id; pass two (up to --passes) re-drives only the
 failures, each --cooldown seconds after it failed. What still fails is
 confirmed unavailable, with its reason and a recommended action.
 
-A Retry-After on a 429 or 503 pauses the whole host; throttling also slows
-the host's pace and concurrency, which recover gradually (--rate and
---per-host cap them; --shard K/N splits the ids over machines).
+A 429 or 503 that is one id's (a lone one) makes that id wait alone; the
+host's (throttles in a row or a share of its answers) pause the host for
+its Retry-After, cost the id no try, and slow the host's pace and
+concurrency, which recover gradually (--rate and --per-host cap them;
+--shard K/N splits the ids over machines).
 
 State, in STATE_DIR (default: IDS_FILE without extension + ".redrive"),
 the four ledgers append-only, one record per line, flushed as written:
