@@ -174,7 +174,7 @@ START_LIMIT = 4
 #: throttle in a row, or throttles are HOST_RUN or more and THROTTLE_SHARE or
 #: more of the host's answers in the last SHARE_WINDOW seconds; on a host
 #: whose pace is set already (it has limited before), PACED_RUN and
-#: PACED_SHARE. On a new host, the first throttle with no Retry-After is the
+#: PACED_SHARE. On a new host, the first plain 429 (no Retry-After) is the
 #: host's. An id's own throttle makes that id wait alone; the host goes on.
 THROTTLE_STATUSES = frozenset({429, 503})
 HOST_RUN = 3
