@@ -950,14 +950,14 @@ class Host:
         return True
 
     def host_wide(self, plain_429: bool) -> bool:
-        """Throttles in a row, or a share of the last second's answers: the host's limit."""
-        now = self.recent[-1][0]
-        last = [kind for t, kind in self.recent if t >= now - SHARE_WINDOW]
-        throttles = last.count("throttle")
+        """Throttles in a row, or a share of the last SHARE_WINDOW seconds' answers: the host's limit."""
         if self.starved_since is not None:  # refusing everything: a probe's throttle too
             return True
         if self.slow_start and plain_429:  # a new host's first answers: a 429 with no Retry-After is "too fast"
             return True
+        now = self.recent[-1][0]
+        last = [kind for t, kind in self.recent if t >= now - SHARE_WINDOW]
+        throttles = last.count("throttle")
         if self.rate:  # a host known to limit: its throttles are expected, and cheap to heed
             return throttles >= PACED_RUN and throttles >= PACED_SHARE * len(last)
         return self.run >= HOST_RUN or (throttles >= HOST_RUN and throttles >= THROTTLE_SHARE * len(last))
@@ -977,8 +977,8 @@ class Host:
             self.window_start = now + wait
 
     def cut(self, now: float) -> None:
-        """The rate to CUT_FACTOR of what the host accepted in its last open
-        second, the concurrency to half."""
+        """The rate to CUT_FACTOR of the pace that was just too fast (see
+        CUT_FACTOR), the concurrency to half."""
         self.limit = max(1.0, self.limit / 2)
         opened = self.window_start if self.window_start <= now else float("-inf")
         # the last second it was open
@@ -997,7 +997,7 @@ class Host:
         self.rate = max(MIN_RATE, CUT_FACTOR * self.peak)
 
     def starved_for(self, now: float) -> float:
-        """Seconds the host has refused everything, with no Retry-After (0: it has not)."""
+        """Seconds the host has refused everything sent after a reaction (0: it has not)."""
         return 0.0 if self.starved_since is None else now - self.starved_since
 
 
@@ -2507,7 +2507,8 @@ class Batch:
         if wait is not None and wait > self.cfg.max_backoff:
             out.error += f", asked to wait {wait:g} s (over --max-backoff {self.cfg.max_backoff:g} s)"
         elif item.tries < self.cfg.tries:
-            if wait is None and out.status in THROTTLE_STATUSES and self.hosts[item.host].rate:
+            host = self.hosts.get(item.host)
+            if wait is None and out.status in THROTTLE_STATUSES and host and host.rate:
                 wait = 0.0  # the host's pace is set: a near miss of its limit, tried at the next slot
             elif wait is None:
                 wait = backoff_delay(item.tries, self.cfg.backoff, self.cfg.max_backoff, self.fx.rand)
