@@ -172,10 +172,11 @@ START_LIMIT = 4
 #: Statuses that say "too fast". One is the host's (its rate limit), not one
 #: id's (an item being rebuilt, a per-object limit), when it is the HOST_RUN-th
 #: throttle in a row, or throttles are HOST_RUN or more and THROTTLE_SHARE or
-#: more of the host's answers in the last SHARE_WINDOW seconds; on a host
-#: whose pace is set already (it has limited before), PACED_RUN and
-#: PACED_SHARE. On a new host, the first plain 429 (no Retry-After) is the
-#: host's. An id's own throttle makes that id wait alone; the host goes on.
+#: more of the host's answers in the last SHARE_WINDOW seconds. On a new host,
+#: the first plain 429 (no Retry-After) is the host's; on a host whose pace
+#: is set (it has limited before), every plain 429 is, and one with a
+#: Retry-After is from PACED_RUN and PACED_SHARE on. An id's own throttle
+#: makes that id wait alone; the host goes on.
 THROTTLE_STATUSES = frozenset({429, 503})
 HOST_RUN = 3
 THROTTLE_SHARE = 0.1
@@ -184,20 +185,25 @@ PACED_SHARE = 0.05
 SHARE_WINDOW = 0.5
 
 #: The cut, at the host's throttle: the rate falls to CUT_FACTOR of the pace
-#: that was just too fast: the rate it was sent at, when the host accepted
-#: nearly that (CUT_FACTOR of it or more) in the last second it was open, or
-#: what it accepted. It then climbs back along a cubic: near that pace for
-#: about PLATEAU seconds (the limit is probed gently, not hit again at once),
-#: then faster and faster (the limit has moved): 1.1 times it after
-#: 2 x PLATEAU, 1.8 times after 3 x PLATEAU. The first cut, measured over
-#: less than RELIABLE_SPAN seconds (GUESS_SPAN at least), is a guess: the
-#: rate then grows by FAST_GROWTH req/s per answer (e-fold a second) until
-#: the next cut, where the last second lags behind it (half of it is near).
+#: the host took: that of its last PACE_ANSWERS accepted answers (GUESS_SPAN
+#: seconds' worth at least) since the last reaction (what came before it, a
+#: burst the host allowed once, says nothing of its pace). It then climbs
+#: back along a cubic: near that pace for about PLATEAU seconds (the limit is
+#: probed gently, not hit again at once), then faster and faster (the limit
+#: has moved): 1.1 times it after 2 x PLATEAU, 1.8 times after 3 x PLATEAU.
+#: The next request waits one slot after the throttle. Fewer answers are a
+#: guess: a host that refused part of the pace gets GUESS_FLOOR of the rate
+#: at least, and one that took it all, the rate it was sent (the guess is
+#: near). The very first cut is a guess that grows by FAST_GROWTH req/s per
+#: answer (doubling in a third of a second) until a cut where the host
+#: refused part of the pace.
 CUT_FACTOR = 0.9
 PLATEAU = 4.0
 RELIABLE_SPAN = 0.5
 GUESS_SPAN = 0.25
-FAST_GROWTH = 1.0
+PACE_ANSWERS = 20
+GUESS_FLOOR = 0.5
+FAST_GROWTH = 2.0
 MIN_RATE = 0.5
 
 #: A host that throttles even the requests sent after the cut, with no
@@ -855,7 +861,7 @@ class Host:
     paused_until: float = 0.0
     rate: Optional[float] = None  #: req/s ceiling, once the host has throttled
     peak: Optional[float] = None  #: the pace the host accepted at the last cut: the cubic's anchor
-    fast: bool = False  #: the last cut was a guess: the rate doubles every second
+    fast: bool = False  #: the first cut's guess stands: the rate grows by FAST_GROWTH an answer
     slow_start: bool = False  #: no reaction yet: the limit grows by one a success
     next_slot: float = 0.0
     reacted_at: float = float("-inf")  #: the last reaction to the host's throttle
@@ -958,6 +964,8 @@ class Host:
         now = self.recent[-1][0]
         last = [kind for t, kind in self.recent if t >= now - SHARE_WINDOW]
         throttles = last.count("throttle")
+        if self.rate and plain_429:
+            return True
         if self.rate:  # a host known to limit: its throttles are expected, and cheap to heed
             return throttles >= PACED_RUN and throttles >= PACED_SHARE * len(last)
         return self.run >= HOST_RUN or (throttles >= HOST_RUN and throttles >= THROTTLE_SHARE * len(last))
@@ -965,36 +973,45 @@ class Host:
     def react(self, now: float, wait: Optional[float], cap: float) -> None:
         """The host's throttle of a request sent after the last reaction."""
         starved = self.last_ok < self.reacted_at  # nothing accepted since the last reaction
-        self.reacted_at, self.slow_start = now, False
+        before, self.reacted_at, self.slow_start = self.reacted_at, now, False
         if starved and self.starved_since is None:
             self.starved_since = now
         if starved and wait is None:
             pause = max(PROBE_FIRST, STARVED_SHARE * (now - self.starved_since))
             self.paused_until = max(self.paused_until, now + min(cap, pause))
         elif not starved:
-            self.cut(now)
+            self.cut(now, before)
         if wait is not None:
             self.window_start = now + wait
 
-    def cut(self, now: float) -> None:
-        """The rate to CUT_FACTOR of the pace that was just too fast (see
-        CUT_FACTOR), the concurrency to half."""
+    def cut(self, now: float, before: float = float("-inf")) -> None:
+        """The rate to CUT_FACTOR of the pace the host took since the last
+        reaction at `before` (see CUT_FACTOR), the concurrency to half."""
         self.limit = max(1.0, self.limit / 2)
         opened = self.window_start if self.window_start <= now else float("-inf")
-        # the last second it was open
-        since = max(now - 1.0, self.first_answer, opened)
-        answers = sum(1 for t, kind in self.recent if t >= since and kind != "throttle")
+        since = max(now - 1.0, self.first_answer, opened, before)
+        times = [t for t, kind in self.recent if t >= since and kind != "throttle"]
         # a Retry-After pause that ends within that second marks the end of a quota
         # window: the answers were the allowance up to then, not just up to now
-        end = self.paused_until if now < self.paused_until <= since + 1.0 else now
-        span = end - since
-        accepted = max(answers, 1) / max(GUESS_SPAN, span)
-        # the host took nearly what was sent (or, while the rate doubles, half: the
-        # last second lags behind it): the pace was about right, just over the limit
-        near = self.rate and accepted >= (0.5 if self.fast else CUT_FACTOR) * self.rate
-        self.peak = self.rate if near else accepted
-        self.fast = (self.rate is None or self.fast) and span < RELIABLE_SPAN  # a guess: double until a better one
+        if now < self.paused_until <= since + 1.0:
+            start, end = since, self.paused_until
+        else:  # the pace of the last answers: PACE_ANSWERS of them, or GUESS_SPAN seconds' worth
+            start, end = max(since, min(times[-PACE_ANSWERS] if len(times) >= PACE_ANSWERS else since,
+                                        now - GUESS_SPAN)), now
+        answers = sum(1 for t in times if t >= start)
+        refused = sum(1 for t, kind in self.recent if t >= start and kind == "throttle")
+        guess = answers < PACE_ANSWERS or end - start < GUESS_SPAN
+        if self.rate is None:
+            self.peak, self.fast = max(answers, 1) / max(GUESS_SPAN, end - start), guess
+        else:
+            accepted = answers / max(end - start, answers / self.rate)  # never more than was sent
+            took_all = refused <= THROTTLE_SHARE * answers  # the pace was about right, just over the limit
+            if guess:
+                accepted = max(accepted, GUESS_FLOOR * self.rate)
+            self.peak = self.rate if took_all and (guess or self.fast) else accepted
+            self.fast = self.fast and guess and took_all
         self.rate = max(MIN_RATE, CUT_FACTOR * self.peak)
+        self.next_slot = max(self.next_slot, now + 1.0 / self.rate)  # the next request one slot after the throttle
 
     def starved_for(self, now: float) -> float:
         """Seconds the host has refused everything sent after a reaction (0: it has not)."""

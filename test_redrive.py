@@ -1759,28 +1759,49 @@ def test_throttles_of_requests_in_flight_at_a_reaction_are_part_of_it():
     assert (host.rate, host.limit) == (rate, limit)
 
 
-def test_the_cut_is_below_the_pace_sent_when_the_host_took_nearly_all_of_it():
+def test_on_a_host_that_limits_a_plain_429_is_the_hosts_and_a_lone_retry_after_is_that_ids():
     host = redrive.Host(limit=8.0, cap=8, rate=50.0, peak=50.0, reacted_at=-10.0)
     host.first_answer = 0.0
-    answers(host, [1.0 + n / 49 for n in range(49)])  # 49 answers in the last second, at 50 r/s
-    host.rate = host.peak  # as it was sent
+    answers(host, [1.0 + n / 49 for n in range(49)])
     host.start(2.0)
     host.start(2.0)
-    assert not host.throttled(2.0, 2.0, None, 60.0)  # one near miss: that id's
-    assert host.throttled(2.001, 2.0, None, 60.0)  # two in half a second, on a host that limits: the host's
-    assert host.peak == 50.0 and host.rate == pytest.approx(45.0)
+    host.start(2.0)
+    rate = host.rate
+    assert not host.throttled(2.0, 2.0, 1.0, 60.0)  # "come back in a second": this id's, as on any host
+    assert host.rate == rate and host.paused_until == 0.0
+    assert host.throttled(2.001, 2.0, None, 60.0)  # "too fast", no more said, from a host that limits: the host's
+    assert host.rate < 50.0
+
+
+def test_the_cut_is_below_the_pace_of_the_last_answers():
+    host = redrive.Host(limit=8.0, cap=8, rate=50.0, peak=50.0, reacted_at=-10.0)
+    host.first_answer = 0.0
+    answers(host, [1.0 + n / 49 for n in range(49)])  # 49 answers in the last second, at 49 r/s
+    host.start(2.0)
+    assert host.throttled(2.0, 2.0, None, 60.0)
+    # the last PACE_ANSWERS answers: 20 from 1.59 s to 2.0 s
+    span = 2.0 - (1.0 + 29 / 49)
+    assert host.peak == pytest.approx(20 / span) and host.rate == pytest.approx(0.9 * 20 / span)
+    assert host.opens_at(2.0) == pytest.approx(2.0 + 1 / host.rate)  # the next request one slot after the throttle
 
 
 def test_the_cut_is_below_what_the_host_accepted_when_it_took_far_less():
     host = redrive.Host(limit=8.0, cap=8, rate=100.0, peak=100.0, reacted_at=-10.0)
     host.first_answer = 0.0
-    answers(host, [1.01 + n / 50 for n in range(50)])  # 50 answers in the last second, sent at 100 r/s
-    host.rate = host.peak  # as it was sent
+    answers(host, [1.0 + n / 50 for n in range(50)])  # 50 answers in the last second, sent at 100 r/s
+    answers(host, [1.0 + n / 50 + 0.01 for n in range(10)], kind="throttle")  # in flight at the first one
     host.start(2.0)
-    host.start(2.0)
-    assert not host.throttled(2.0, 2.0, None, 60.0)  # one near miss: that id's
-    assert host.throttled(2.001, 2.0, None, 60.0)  # two in half a second, on a host that limits: the host's
-    assert host.peak == pytest.approx(50.0) and host.rate == pytest.approx(45.0)
+    assert host.throttled(2.0, 2.0, None, 60.0)
+    assert host.peak == pytest.approx(50.0, rel=0.03) and host.rate == pytest.approx(45.0, rel=0.03)
+
+
+def test_a_cut_from_a_handful_of_answers_is_a_guess_that_slows_by_half_at_most():
+    host = redrive.Host(limit=8.0, cap=8, rate=20.0, peak=20.0, reacted_at=0.0)
+    host.first_answer = 0.0
+    answers(host, [0.5])  # one answer since the last reaction: it says "slower", not how much
+    host.start(0.55)
+    assert host.throttled(0.6, 0.55, None, 60.0)
+    assert host.peak == redrive.GUESS_FLOOR * 20.0 and host.rate == pytest.approx(0.9 * 10.0)
 
 
 def test_after_a_cut_the_rate_climbs_back_along_a_cubic():
@@ -1800,6 +1821,21 @@ def test_a_first_guess_grows_fast_until_a_measured_cut():
     rate = host.rate
     answers(host, [0.5, 0.6])
     assert host.rate == pytest.approx(rate + 2 * redrive.FAST_GROWTH)
+
+
+def test_the_fast_growth_ends_at_a_cut_where_the_host_refused_part_of_the_pace():
+    host = redrive.Host(limit=8.0, cap=32, slow_start=True)
+    answers(host, [0.001 * k for k in range(1, 7)])  # a burst of 6, then "too fast"
+    answers(host, [0.007], kind="throttle")
+    assert host.fast and host.peak == pytest.approx(6 / redrive.GUESS_SPAN)
+    answers(host, [0.1, 0.2, 0.3])  # the host's own pace, 10 r/s, while the rate grows past it
+    rate = host.rate
+    assert rate == pytest.approx(0.9 * 24 + 3 * redrive.FAST_GROWTH)
+    answers(host, [0.31, 0.32], kind="throttle")  # refused: the rate is well past what it takes
+    assert not host.fast
+    # 3 answers since the last reaction (the burst left out: with it, 9 in 0.31 s, 29 r/s) are a
+    # guess: the rate is halved at most
+    assert host.peak == pytest.approx(redrive.GUESS_FLOOR * rate)
 
 
 def test_a_host_that_refuses_everything_after_the_cut_is_probed_one_at_a_time():
