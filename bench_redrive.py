@@ -362,9 +362,9 @@ def rate_limited(folder, count, opt):
         proc.terminate()
     sent, throttled = sent_and_throttled(stats)
     ideal = count / limit
-    rows = core_rows(run, ideal, "N / limit", "target: wall <= 1.15 x ideal, efficiency >= 0.87",
+    rows = core_rows(run, ideal, "N / limit", "target: wall <= 1.05 x ideal, efficiency >= 0.95",
                      sent, count, throttled)
-    rows[3] = ("429s", f"{throttled} = {throttled / max(sent, 1):.1%} of requests (target <= 5%)")
+    rows[3] = ("429s", f"{throttled} = {throttled / max(sent, 1):.1%} of requests (target <= 2%)")
     table(f"rate-limited: {count} ids, server allows {limit}/s, concurrency {opt.concurrency}, no --rate "
           f"(exit {run.code})", rows)
     show_error(run)

@@ -174,14 +174,11 @@ START_LIMIT = 4
 #: throttle in a row, or throttles are HOST_RUN or more and THROTTLE_SHARE or
 #: more of the host's answers in the last SHARE_WINDOW seconds. On a new host,
 #: the first plain 429 (no Retry-After) is the host's; on a host whose pace
-#: is set (it has limited before), every plain 429 is, and one with a
-#: Retry-After is from PACED_RUN and PACED_SHARE on. An id's own throttle
-#: makes that id wait alone; the host goes on.
+#: is set (it has limited before), every 429 is. An id's own throttle makes
+#: that id wait alone; the host goes on.
 THROTTLE_STATUSES = frozenset({429, 503})
 HOST_RUN = 3
 THROTTLE_SHARE = 0.1
-PACED_RUN = 2
-PACED_SHARE = 0.05
 SHARE_WINDOW = 0.5
 
 #: The cut, at the host's throttle: the rate falls to CUT_FACTOR of the pace
@@ -947,7 +944,7 @@ class Host:
         seconds (None: no Retry-After). True when it is the host's throttle,
         False when it is this id's alone (the host goes on as it was)."""
         self.answered(now, "throttle")
-        if sent > self.reacted_at and not self.host_wide(status == 429 and wait is None):
+        if sent > self.reacted_at and not self.host_wide(status, wait):
             return False
         if wait is not None:
             self.paused_until = max(self.paused_until, now + wait)
@@ -955,19 +952,15 @@ class Host:
             self.react(now, wait, cap)
         return True
 
-    def host_wide(self, plain_429: bool) -> bool:
-        """Throttles in a row, or a share of the last SHARE_WINDOW seconds' answers: the host's limit."""
+    def host_wide(self, status: int, wait: Optional[float]) -> bool:
+        """Is this throttle the host's limit? See HOST_RUN."""
         if self.starved_since is not None:  # refusing everything: a probe's throttle too
             return True
-        if self.slow_start and plain_429:  # a new host's first answers: a 429 with no Retry-After is "too fast"
-            return True
+        if status == 429 and (self.rate or (self.slow_start and wait is None)):
+            return True  # "too fast" from a host known to limit, or a new host's plain one
         now = self.recent[-1][0]
         last = [kind for t, kind in self.recent if t >= now - SHARE_WINDOW]
         throttles = last.count("throttle")
-        if self.rate and plain_429:
-            return True
-        if self.rate:  # a host known to limit: its throttles are expected, and cheap to heed
-            return throttles >= PACED_RUN and throttles >= PACED_SHARE * len(last)
         return self.run >= HOST_RUN or (throttles >= HOST_RUN and throttles >= THROTTLE_SHARE * len(last))
 
     def react(self, now: float, wait: Optional[float], cap: float) -> None:

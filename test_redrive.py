@@ -1759,18 +1759,17 @@ def test_throttles_of_requests_in_flight_at_a_reaction_are_part_of_it():
     assert (host.rate, host.limit) == (rate, limit)
 
 
-def test_on_a_host_that_limits_a_plain_429_is_the_hosts_and_a_lone_retry_after_is_that_ids():
+def test_on_a_host_that_limits_every_429_is_the_hosts_and_a_lone_503_that_ids():
     host = redrive.Host(limit=8.0, cap=8, rate=50.0, peak=50.0, reacted_at=-10.0)
     host.first_answer = 0.0
     answers(host, [1.0 + n / 49 for n in range(49)])
-    host.start(2.0)
-    host.start(2.0)
-    host.start(2.0)
+    for _ in range(3):
+        host.start(2.0)
     rate = host.rate
-    assert not host.throttled(2.0, 2.0, 1.0, 60.0)  # "come back in a second": this id's, as on any host
+    assert not host.throttled(2.0, 2.0, 1.0, 60.0, status=503)  # "unavailable, back in a second": this id's
     assert host.rate == rate and host.paused_until == 0.0
-    assert host.throttled(2.001, 2.0, None, 60.0)  # "too fast", no more said, from a host that limits: the host's
-    assert host.rate < 50.0
+    assert host.throttled(2.001, 2.0, 1.0, 60.0)  # "too fast" from a host that limits: the host's
+    assert host.rate < rate and host.paused_until == pytest.approx(3.001)
 
 
 def test_the_cut_is_below_the_pace_of_the_last_answers():
