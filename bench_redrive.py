@@ -19,6 +19,12 @@ Scenarios (all by default):
   nginx          nginx's own limit_req (a leaky bucket answering 429 with no
                  Retry-After) at 10, 50 and 100 r/s, with and without burst and
                  nodelay; every 50th id a real 404; skipped when nginx is absent
+  fixed-window   a fixed window that starts at the first request: 100 per second
+                 (3,000 ids) and 600 per minute (900 ids), each with a Retry-After
+                 to the window's end and with none
+  limit-change   4,500 ids against nginx's leaky-bucket arithmetic at 100 r/s
+                 (burst 10, no Retry-After), halved from 10 s to 25 s: the 429s,
+                 and the accepted requests second by second
   chaos          10,000 ids; every socket-level fault of the tests' FAULTS table
                  at 1% each (half of the retryable ones recover after one try),
                  every odd-but-usable answer of ODD_ANSWERS at 1%, and 1%
@@ -112,8 +118,8 @@ class Handler(BaseHTTPRequestHandler):
                 srv.wasted += 1
             throttled = srv.over_limit()
         time.sleep(SLOW if kind == "slow" else srv.latency)
-        if throttled:
-            return self.send(429, b"slow down", {"Retry-After": throttled})
+        if throttled is not None:
+            return self.send(429, b"slow down", {"Retry-After": throttled} if throttled else {})
         if kind == "429-lone" and hit == 1:  # this item only: being rebuilt, come back in a second
             return self.send(429, b"rebuilding", {"Retry-After": "1"})
         status, body = self.answer(kind, hit, item)
@@ -123,6 +129,7 @@ class Handler(BaseHTTPRequestHandler):
         if (status == 200 and body) or status == 404:
             with srv.lock:
                 srv.settled.add(item)
+                srv.accepted.append(time.monotonic())
         self.send(status, body)
 
     def answer(self, kind, hit, item):
@@ -155,6 +162,57 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
+class Limiter:
+    """A server-side rate limiter, started by the first request it sees."""
+
+    start = None
+
+    def refuse(self, now):
+        if self.start is None:
+            self.start = now
+        return self.check(now - self.start)
+
+
+class FixedWindow(Limiter):
+    """`size` requests per window of `seconds`, then 429 until the window ends
+    (with a Retry-After in seconds to its end, or none)."""
+
+    def __init__(self, size, seconds, retry_after):
+        self.size, self.seconds, self.retry_after = size, seconds, retry_after
+        self.window, self.used = 0, 0
+
+    def check(self, t):
+        window = int(t // self.seconds)
+        if window != self.window:
+            self.window, self.used = window, 0
+        self.used += 1
+        if self.used <= self.size:
+            return None
+        return str(math.ceil((window + 1) * self.seconds - t)) if self.retry_after else ""
+
+
+class ChangingBucket(Limiter):
+    """nginx's limit_req (a leaky bucket: `burst` requests of slack, 429 and
+    no Retry-After past it) whose rate is `rate` but `rate` x `factor` from
+    `low_from` to `low_until` seconds after the first request."""
+
+    def __init__(self, rate, burst, factor, low_from, low_until):
+        self.rate, self.burst, self.factor = rate, burst, factor
+        self.low_from, self.low_until = low_from, low_until
+        self.excess, self.last = 0.0, 0.0
+
+    def rate_at(self, t):
+        return self.rate * (self.factor if self.low_from <= t < self.low_until else 1.0)
+
+    def check(self, t):
+        """nginx's arithmetic (ngx_http_limit_req_lookup), in requests, not thousandths."""
+        excess = max(0.0, self.excess - self.rate_at(t) * (t - self.last) + 1.0) if t else 0.0
+        if excess > self.burst:
+            return ""
+        self.excess, self.last = excess, t
+        return None
+
+
 class BenchServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 256
@@ -166,10 +224,14 @@ class BenchServer(ThreadingHTTPServer):
         self.hits, self.statuses, self.settled, self.wasted = Counter(), Counter(), set(), 0
         self.window, self.in_window = 0, 0
         self.times = {}  #: item -> monotonic times of its requests, for the 429-lone kind
+        self.accepted = []  #: monotonic times of the answers that were not throttles
 
     def over_limit(self):
-        """A fixed one-second window: `limit` requests, then 429 until the next
-        second, whose start the Retry-After names as an HTTP date."""
+        """None (go on) or the Retry-After of a 429 ("" for none): the
+        scenario's limiter, or a fixed one-second window of `limit` requests
+        whose Retry-After names the next second as an HTTP date."""
+        if isinstance(self.limit, Limiter):
+            return self.limit.refuse(time.monotonic())
         if not self.limit:
             return None
         now = time.time()
@@ -185,8 +247,9 @@ class BenchServer(ThreadingHTTPServer):
 
     def stats(self):
         with self.lock:
+            start = self.limit.start if isinstance(self.limit, Limiter) else 0.0
             return {"hits": dict(self.hits), "statuses": dict(self.statuses), "wasted": self.wasted,
-                    "times": self.times}
+                    "times": self.times, "accepted": [t - start for t in self.accepted]}
 
 
 def serve(port_queue, latency, faults, limit):
@@ -425,6 +488,75 @@ def lone_429(folder, count, opt):
     table(f"lone 429s: {count} ids, 3% answer 429 + Retry-After: 1 once, no rate limit, "
           f"{opt.latency * 1000:g} ms latency, concurrency 16 (exit {run.code})", rows)
     show_error(run)
+
+
+# ------------------------------------------------------- other limiters
+
+#: (allowance, window in seconds, ids): a fixed window per second and per minute.
+WINDOWS = [(100, 1, 3000), (600, 60, 900)]
+
+
+def fixed_window(folder, count, opt):
+    """N requests per window, then 429 until it ends: with a Retry-After to its end, and with none."""
+    rows = []
+    for size, seconds, ids in WINDOWS:
+        for retry_after in (True, False):
+            run_dir = folder / f"window-{size}-{seconds}-{int(retry_after)}"
+            run_dir.mkdir()
+            rows.append(window_row(run_dir, size, seconds, retry_after, count or ids, opt))
+    table(f"fixed window: the window starts at the first request; ideal (ceil(N / allowance) - 1) x window, "
+          f"the windows waited; {opt.latency * 1000:g} ms latency, concurrency {opt.concurrency}, no --rate", rows)
+
+
+def window_row(folder, size, seconds, retry_after, count, opt):
+    proc, base = start_server(opt.latency, limit=FixedWindow(size, seconds, retry_after))
+    try:
+        run = measured(redrive_cmd(write_ids(folder, count), base, "--concurrency", str(opt.concurrency)))
+        stats = server_stats(base)
+    finally:
+        proc.terminate()
+    sent, throttled = sent_and_throttled(stats)
+    ideal = (math.ceil(count / size) - 1) * seconds
+    show_error(run)
+    label = (f"{size} per {'second' if seconds == 1 else f'{seconds} s'}, "
+             f"{'Retry-After' if retry_after else 'no Retry-After'}, {count} ids (exit {run.code})")
+    return label, (f"wall {run.wall:.1f} s = {run.wall / ideal:.2f} x {ideal:g} s (target <= 1.15), "
+                   f"429s {throttled} = {throttled / max(sent, 1):.1%} of {sent} requests (target <= 3%), "
+                   f"peak {run.rss:.0f} MB")
+
+
+#: The changing limit: nginx's arithmetic at RATE r/s, burst 10, halved from LOW[0] to LOW[1] s.
+CHANGE_RATE, CHANGE_LOW = 100, (10.0, 25.0)
+
+
+def limit_change(folder, count, opt):
+    """A leaky bucket (no Retry-After) whose rate halves after 10 s and returns 15 s later."""
+    low_from, low_until = CHANGE_LOW
+    limiter = ChangingBucket(CHANGE_RATE, 10, 0.5, low_from, low_until)
+    proc, base = start_server(opt.latency, limit=limiter)
+    try:
+        run = measured(redrive_cmd(write_ids(folder, count), base, "--concurrency", str(opt.concurrency)))
+        stats = server_stats(base)
+    finally:
+        proc.terminate()
+    sent, throttled = sent_and_throttled(stats)
+    per_second = Counter(int(t) for t in stats["accepted"])
+    seconds = [per_second[n] for n in range(max(per_second) + 1)] if per_second else []
+    back = next((n for n in range(int(low_until), len(seconds)) if seconds[n] >= 0.9 * CHANGE_RATE), None)
+    allowed = sum(limiter.rate_at(n + 0.5) for n in range(len(seconds)))
+    rows = [
+        ("accepted per second", " ".join(map(str, seconds))),
+        ("429s", f"{throttled} = {throttled / max(sent, 1):.1%} of {sent} requests (target <= 5%)"),
+        ("back to 90% of the limit", f"{back - low_until:.0f} s after it returned (target <= 15 s)"
+                                     if back is not None else "never"),
+        ("accepted / allowed over the run", f"{len(stats['accepted'])} / {allowed:.0f} = "
+                                            f"{len(stats['accepted']) / max(allowed, 1):.2f}"),
+        ("wall", f"{run.wall:.1f} s"),
+    ]
+    show_error(run)
+    table(f"limit change: {count} ids; nginx's leaky bucket at {CHANGE_RATE} r/s (burst 10, no Retry-After), "
+          f"{CHANGE_RATE // 2} r/s from {low_from:g} s to {low_until:g} s; concurrency {opt.concurrency}, "
+          f"no --rate (exit {run.code})", rows)
 
 
 # ------------------------------------------------------------------- stop
@@ -725,9 +857,11 @@ def fs_type(folder):
 
 
 SCENARIOS = {"clean": clean, "flaky": flaky, "rate-limited": rate_limited, "lone-429": lone_429,
-             "resume": resume, "fsync": fsync, "stop": stop, "nginx": nginx, "chaos": chaos}
+             "resume": resume, "fsync": fsync, "stop": stop, "nginx": nginx,
+             "fixed-window": fixed_window, "limit-change": limit_change, "chaos": chaos}
 COUNTS = {"clean": 10_000, "flaky": 10_000, "rate-limited": 3_000, "lone-429": 10_000, "resume": 1_000_000, "fsync": 5_000,
-          "stop": 1_000_000, "nginx": 0, "chaos": 10_000}
+          "stop": 1_000_000, "nginx": 0,
+          "fixed-window": 0, "limit-change": 4_500, "chaos": 10_000}
 
 
 def main(argv=None):
