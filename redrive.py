@@ -199,6 +199,7 @@ PLATEAU = 4.0
 RELIABLE_SPAN = 0.5
 GUESS_SPAN = 0.25
 PACE_ANSWERS = 20
+SHORT_PAUSE = 2.0
 GUESS_FLOOR = 0.5
 FAST_GROWTH = 2.0
 MIN_RATE = 0.5
@@ -858,6 +859,7 @@ class Host:
     paused_until: float = 0.0
     rate: Optional[float] = None  #: req/s ceiling, once the host has throttled
     peak: Optional[float] = None  #: the pace the host accepted at the last cut: the cubic's anchor
+    plateau: float = PLATEAU  #: seconds the cubic stays near the peak: longer after a pause
     fast: bool = False  #: the first cut's guess stands: the rate grows by FAST_GROWTH an answer
     slow_start: bool = False  #: no reaction yet: the limit grows by one a success
     next_slot: float = 0.0
@@ -937,7 +939,7 @@ class Host:
         if self.rate and self.fast:
             self.rate += FAST_GROWTH
         elif self.rate:
-            self.rate = max(self.rate, self.peak * cubic_pace(now - self.reacted_at))
+            self.rate = max(self.rate, self.peak * cubic_pace(now - self.reacted_at, self.plateau))
 
     def throttled(self, now: float, sent: float, wait: Optional[float], cap: float, status: int = 429) -> bool:
         """A 429 or 503 of a request sent at `sent`, asking to wait `wait`
@@ -973,22 +975,25 @@ class Host:
             pause = max(PROBE_FIRST, STARVED_SHARE * (now - self.starved_since))
             self.paused_until = max(self.paused_until, now + min(cap, pause))
         elif not starved:
-            self.cut(now, before)
+            self.cut(now, before, wait)
         if wait is not None:
             self.window_start = now + wait
 
-    def cut(self, now: float, before: float = float("-inf")) -> None:
+    def cut(self, now: float, before: float = float("-inf"), wait: Optional[float] = None) -> None:
         """The rate to CUT_FACTOR of the pace the host took since the last
         reaction at `before` (see CUT_FACTOR), the concurrency to half."""
         self.limit = max(1.0, self.limit / 2)
         opened = self.window_start if self.window_start <= now else float("-inf")
-        since = max(now - 1.0, self.first_answer, opened, before)
-        times = [t for t, kind in self.recent if t >= since and kind != "throttle"]
-        # a Retry-After pause that ends within that second marks the end of a quota
-        # window: the answers were the allowance up to then, not just up to now
-        if now < self.paused_until <= since + 1.0:
-            start, end = since, self.paused_until
+        if wait is not None and wait <= SHORT_PAUSE:  # a short quota window's end
+            since = max(now - 1.0, self.first_answer, opened)
+            times = [t for t, kind in self.recent if t >= since and kind != "throttle"]
+            # opened within the last second: a burst and this pause are one window, its allowance the answers
+            start, end = since, (self.paused_until if since > now - 1.0 else now)
+            cost = wait if end == now else 0.0  # the pace held for a whole second: a probe past it costs the pause
         else:  # the pace of the last answers: PACE_ANSWERS of them, or GUESS_SPAN seconds' worth
+            cost = wait or 0.0
+            since = max(now - 1.0, self.first_answer, opened, before)
+            times = [t for t, kind in self.recent if t >= since and kind != "throttle"]
             start, end = max(since, min(times[-PACE_ANSWERS] if len(times) >= PACE_ANSWERS else since,
                                         now - GUESS_SPAN)), now
         answers = sum(1 for t in times if t >= start)
@@ -1005,17 +1010,18 @@ class Host:
             self.fast = self.fast and guess and took_all
         self.rate = max(MIN_RATE, CUT_FACTOR * self.peak)
         self.next_slot = max(self.next_slot, now + 1.0 / self.rate)  # the next request one slot after the throttle
+        self.plateau = PLATEAU * (1.0 + cost)  # a probe past the limit costs its pause: probe less often
 
     def starved_for(self, now: float) -> float:
         """Seconds the host has refused everything sent after a reaction (0: it has not)."""
         return 0.0 if self.starved_since is None else now - self.starved_since
 
 
-def cubic_pace(elapsed: float) -> float:
+def cubic_pace(elapsed: float, plateau: float = PLATEAU) -> float:
     """The rate, as a share of the pace accepted at the last cut, `elapsed`
-    seconds after it: 1 + (1 - CUT_FACTOR) * ((elapsed - PLATEAU) / PLATEAU) ** 3.
-    CUT_FACTOR at the cut, 1 after PLATEAU seconds, growing ever faster past it."""
-    return 1.0 + (1.0 - CUT_FACTOR) * ((elapsed - PLATEAU) / PLATEAU) ** 3
+    seconds after it: 1 + (1 - CUT_FACTOR) * ((elapsed - plateau) / plateau) ** 3.
+    CUT_FACTOR at the cut, 1 after `plateau` seconds, growing ever faster past it."""
+    return 1.0 + (1.0 - CUT_FACTOR) * ((elapsed - plateau) / plateau) ** 3
 
 
 def shown_host(url: str) -> str:
