@@ -200,6 +200,8 @@ RELIABLE_SPAN = 0.5
 GUESS_SPAN = 0.25
 PACE_ANSWERS = 20
 SHORT_PAUSE = 2.0
+STEADY_BAND = 0.05
+STEADY_MAX = 3
 GUESS_FLOOR = 0.5
 FAST_GROWTH = 2.0
 MIN_RATE = 0.5
@@ -860,6 +862,7 @@ class Host:
     rate: Optional[float] = None  #: req/s ceiling, once the host has throttled
     peak: Optional[float] = None  #: the pace the host accepted at the last cut: the cubic's anchor
     plateau: float = PLATEAU  #: seconds the cubic stays near the peak: longer after a pause
+    steady_cuts: int = 0  #: cuts in a row at about the same peak
     fast: bool = False  #: the first cut's guess stands: the rate grows by FAST_GROWTH an answer
     slow_start: bool = False  #: no reaction yet: the limit grows by one a success
     next_slot: float = 0.0
@@ -998,6 +1001,7 @@ class Host:
                                         now - GUESS_SPAN)), now
         answers = sum(1 for t in times if t >= start)
         refused = sum(1 for t, kind in self.recent if t >= start and kind == "throttle")
+        previous = self.peak
         guess = answers < PACE_ANSWERS or end - start < GUESS_SPAN
         if self.rate is None:
             self.peak, self.fast = max(answers, 1) / max(GUESS_SPAN, end - start), guess
@@ -1010,7 +1014,13 @@ class Host:
             self.fast = self.fast and guess and took_all
         self.rate = max(MIN_RATE, CUT_FACTOR * self.peak)
         self.next_slot = max(self.next_slot, now + 1.0 / self.rate)  # the next request one slot after the throttle
-        self.plateau = PLATEAU * (1.0 + cost)  # a probe past the limit costs its pause: probe less often
+        self.plateau = PLATEAU * (1.0 + cost) * 2 ** self.steady(previous)  # probe a costly or steady limit less often
+
+    def steady(self, previous: Optional[float]) -> int:
+        """Cuts in a row at a peak within STEADY_BAND of the one before (STEADY_MAX at most)."""
+        near = previous is not None and abs(self.peak - previous) <= STEADY_BAND * previous
+        self.steady_cuts = min(STEADY_MAX, self.steady_cuts + 1) if near else 0
+        return self.steady_cuts
 
     def starved_for(self, now: float) -> float:
         """Seconds the host has refused everything sent after a reaction (0: it has not)."""
