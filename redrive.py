@@ -2210,6 +2210,7 @@ class Batch:
         self.started_passes = set()
         self.last_due = 0.0  #: when the last id scheduled for a later pass is due (for the ETA)
         self.guard = Guard(0)  #: off until plan() arms it
+        self.wakes_at = 0.0  #: when the main thread looks again, unless woken
 
     # -- scheduling
 
@@ -2295,6 +2296,7 @@ class Batch:
                     if not self._tend():
                         break
                     timeout = self._timeout()
+                    self.wakes_at = self.fx.clock() + bounded_wait(timeout)
                     idle = not self.inflight
                     if idle:
                         self.ledger.sync()  # about to idle: a good moment to make the state durable
@@ -2441,11 +2443,15 @@ class Batch:
                 self.request_stop("misconfigured")
         else:
             self.settle(item, outcome)
-        if self.hosts[item.host].forgettable(self.fx.clock(), self.cfg.concurrency):
+        host = self.hosts[item.host]
+        if host.forgettable(self.fx.clock(), self.cfg.concurrency):
             del self.hosts[item.host]  # ids on a million hosts keep no million gates
         mine = self._take_ready()
         if mine is not None:
             self._hand_out()  # a success may have widened the gate: fill it now, not at the next tick
+        opens = host.opens_at(self.fx.clock()) if host.ready else None
+        if opens is not None and opens < self.wakes_at:
+            self.wake.set()  # the gate opens before the main thread looks again (a spent quota came back)
         return mine
 
     # -- settling outcomes
