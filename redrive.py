@@ -196,14 +196,23 @@ SHARE_WINDOW = 0.5
 #: refused part of the pace.
 CUT_FACTOR = 0.9
 PLATEAU = 4.0
-RELIABLE_SPAN = 0.5
 GUESS_SPAN = 0.25
 PACE_ANSWERS = 20
+GUESS_FLOOR = 0.5
+FAST_GROWTH = 2.0
+
+#: A Retry-After of SHORT_PAUSE seconds or less ends a short quota window
+#: (so many requests a second). The pace it allows is the answers since the
+#: window opened over the window: when it opened within the last second (a
+#: burst, then this pause), up to the pause's end. A whole-second Retry-After
+#: overstates what is left of such a window, and honouring it costs a pause
+#: each time the pace goes past the limit: after a pace held for a whole
+#: second, the cubic's plateau is (1 + the pause) times longer. It doubles
+#: too for each cut in a row (STEADY_MAX at most) at a pace within STEADY_BAND
+#: of the last one: a steady limit is probed less and less often.
 SHORT_PAUSE = 2.0
 STEADY_BAND = 0.05
 STEADY_MAX = 3
-GUESS_FLOOR = 0.5
-FAST_GROWTH = 2.0
 MIN_RATE = 0.5
 
 #: A host that throttles even the requests sent after the cut, with no
@@ -986,27 +995,12 @@ class Host:
         """The rate to CUT_FACTOR of the pace the host took since the last
         reaction at `before` (see CUT_FACTOR), the concurrency to half."""
         self.limit = max(1.0, self.limit / 2)
-        opened = self.window_start if self.window_start <= now else float("-inf")
-        if wait is not None and wait <= SHORT_PAUSE:  # a short quota window's end
-            since = max(now - 1.0, self.first_answer, opened)
-            times = [t for t, kind in self.recent if t >= since and kind != "throttle"]
-            # opened within the last second: a burst and this pause are one window, its allowance the answers
-            start, end = since, (self.paused_until if since > now - 1.0 else now)
-            cost = wait if end == now else 0.0  # the pace held for a whole second: a probe past it costs the pause
-        else:  # the pace of the last answers: PACE_ANSWERS of them, or GUESS_SPAN seconds' worth
-            cost = wait or 0.0
-            since = max(now - 1.0, self.first_answer, opened, before)
-            times = [t for t, kind in self.recent if t >= since and kind != "throttle"]
-            start, end = max(since, min(times[-PACE_ANSWERS] if len(times) >= PACE_ANSWERS else since,
-                                        now - GUESS_SPAN)), now
-        answers = sum(1 for t in times if t >= start)
-        refused = sum(1 for t, kind in self.recent if t >= start and kind == "throttle")
+        answers, refused, span, guess, cost = self.measure(now, before, wait)
         previous = self.peak
-        guess = answers < PACE_ANSWERS or end - start < GUESS_SPAN
         if self.rate is None:
-            self.peak, self.fast = max(answers, 1) / max(GUESS_SPAN, end - start), guess
+            self.peak, self.fast = max(answers, 1) / max(GUESS_SPAN, span), guess
         else:
-            accepted = answers / max(end - start, answers / self.rate)  # never more than was sent
+            accepted = answers / max(span, answers / self.rate)  # never more than was sent
             took_all = refused <= THROTTLE_SHARE * answers  # the pace was about right, just over the limit
             if guess:
                 accepted = max(accepted, GUESS_FLOOR * self.rate)
@@ -1015,6 +1009,27 @@ class Host:
         self.rate = max(MIN_RATE, CUT_FACTOR * self.peak)
         self.next_slot = max(self.next_slot, now + 1.0 / self.rate)  # the next request one slot after the throttle
         self.plateau = PLATEAU * (1.0 + cost) * 2 ** self.steady(previous)  # probe a costly or steady limit less often
+
+    def measure(self, now: float, before: float, wait: Optional[float]) -> tuple:
+        """What the host took: (answers, throttles, over how many seconds, a
+        guess?, the pause a probe past this pace costs). See CUT_FACTOR and SHORT_PAUSE."""
+        opened = self.window_start if self.window_start <= now else float("-inf")
+        guess = None
+        if wait is not None and wait <= SHORT_PAUSE:  # a short quota window's end
+            start = max(now - 1.0, self.first_answer, opened)
+            # opened within the last second: a burst and this pause are one window, its allowance the answers
+            end = self.paused_until if start > now - 1.0 else now
+            cost, guess = (wait if end == now else 0.0), False  # a window's allowance is measured whole
+        else:  # the pace of the last answers: PACE_ANSWERS of them, or GUESS_SPAN seconds' worth
+            since = max(now - 1.0, self.first_answer, opened, before)
+            times = [t for t, kind in self.recent if t >= since and kind != "throttle"]
+            last = times[-PACE_ANSWERS] if len(times) >= PACE_ANSWERS else since
+            start, end, cost = max(since, min(last, now - GUESS_SPAN)), now, wait or 0.0
+        answers = sum(1 for t, kind in self.recent if t >= start and kind != "throttle")
+        refused = sum(1 for t, kind in self.recent if t >= start and kind == "throttle")
+        if guess is None:
+            guess = answers < PACE_ANSWERS or end - start < GUESS_SPAN
+        return answers, refused, end - start, guess, cost
 
     def steady(self, previous: Optional[float]) -> int:
         """Cuts in a row at a peak within STEADY_BAND of the one before (STEADY_MAX at most)."""

@@ -1866,6 +1866,32 @@ def test_a_pause_inside_the_second_marks_a_quota_window_for_the_cut():
     assert host.peak == pytest.approx(10.0) and host.rate == pytest.approx(9.0)
 
 
+def test_a_short_retry_after_makes_a_burst_and_its_pause_one_window():
+    host = redrive.Host(limit=8.0, cap=8, slow_start=True)
+    answers(host, [n / 100 for n in range(10)])  # the allowance, 10, in a burst
+    for t in (0.1, 0.101, 0.102):  # then "come back in a second", three in a row: the host's
+        host.start(t - 0.001)
+        host.throttled(t, t - 0.001, 1.0, 60.0)
+    assert host.peak == pytest.approx(10 / 1.102)  # 10 answers from the first one to the pause's end
+    assert host.rate == pytest.approx(0.9 * 10 / 1.102) and not host.fast  # a whole window: no guess
+    assert host.plateau == redrive.PLATEAU  # the burst's pace was not held: no cost to weigh
+
+
+def test_a_pace_held_past_a_short_window_waits_longer_to_probe_and_longer_still_when_steady():
+    host = redrive.Host(limit=8.0, cap=8, rate=100.0, peak=80.0, reacted_at=0.0, slow_start=False)
+    host.first_answer = 0.0
+    plateaus = []
+    for second in (10, 20, 30, 40, 50):
+        answers(host, [second - 1 + n / 100 for n in range(100)])  # 100 a second for a whole second
+        host.rate = 100.0
+        host.start(second)
+        assert host.throttled(second, second, 1.0, 60.0)  # a 429 from a host that limits: the host's
+        plateaus.append(host.plateau)
+    assert host.peak == pytest.approx(100.0)
+    cost = redrive.PLATEAU * (1 + 1.0)  # each probe past the limit cost a one-second pause
+    assert plateaus == [cost, cost * 2, cost * 4, cost * 8, cost * 8]  # the same peak each time: probed ever less
+
+
 def test_a_host_is_down_after_requests_in_a_row_never_reach_it_and_probed_one_at_a_time():
     host = redrive.Host(limit=8.0, cap=8)
     waits = lambda n: 10.0 * n  # noqa: E731
@@ -1927,6 +1953,37 @@ def test_idle_hosts_are_forgotten_and_throttled_ones_kept(server, tmp_path):
     batch = run_batch(tmp_path, ids)
     assert server.hits == Counter({"a": 1, "b": 1, "t": 2})
     assert list(batch.hosts) == [f"localhost:{port}"]  # the 127.0.0.1 gate was as new: gone
+
+
+def test_an_answer_that_opens_a_gate_early_wakes_the_main_thread(tmp_path):
+    ids = [f"i{n}" for n in range(5)]
+    ids_file = write_ids(tmp_path, ids)
+    cfg = redrive.config_from_args(redrive.build_parser().parse_args(
+        [str(ids_file), "--url", "http://127.0.0.1:9/items/{id}", "--no-guard"]), {}, None)
+    fake = FakeTime()
+    cfg.state_dir.mkdir()
+    state = redrive.load_state(cfg.state_dir)
+    ledger = redrive.Ledger(cfg.state_dir)
+    ledger.open()
+    progress = redrive.Progress(io.StringIO(), len(ids), fake.clock, True)
+    batch = redrive.Batch(cfg, ledger, state, fake.effects(), redrive.Redactor(()), progress)
+    try:
+        redrive.plan(ids, state, cfg, batch, ledger, fake.effects())
+        probe = batch._take_ready()
+        host = batch.hosts[probe.host]
+        host.rate, host.peak, host.reacted_at, host.slow_start = 10.0, 10.0, fake.now, False
+        host.starved_since = fake.now  # out of quota: one probe at a time
+        assert batch._take_ready() is None
+        batch.wakes_at = fake.now + 1.0  # the main thread looks again in a second
+        fake.now += 0.01
+        mine = batch._finish(probe, redrive.Outcome(redrive.Bucket.OK, status=200, body="{}"))
+        assert mine.id == "i1" and host.starved_since is None  # this worker goes on with the next id
+        assert host.opens_at(fake.now) == pytest.approx(fake.now + 0.1)  # and the one after it is due at the next slot
+        assert batch.wake.reader.recv(1) == b"!"  # so the main thread hands it out then, not a second later
+    finally:
+        ledger.close()
+        batch.wake.close()
+        batch.watchdog.close()
 
 
 def test_paced_host_spaces_its_requests():
