@@ -1406,19 +1406,21 @@ def checked_record(path: Path, number: int, line: bytes) -> dict:
 
 
 def load_state(state_dir: Path, repair: bool = True, wanted: Optional[dict] = None,
-               strangers: Optional[set] = None) -> State:
+               strangers: Optional[set] = None, spend: bool = False) -> State:
     """Repair what a kill can leave (unless only looking), then read who is
     done, failed and unavailable. With wanted (the input ids, each mapped to
     itself), done keeps only those, as the very same string objects: a
     million done ids then cost a set, not a second copy of every string;
-    the done ids it leaves out go to strangers, if given."""
+    the done ids it leaves out go to strangers, if given. With spend, wanted
+    is emptied once read, before the done set is built: the two never
+    weigh on the peak together."""
     state = State()
     for name in STATE_FILES if repair else ():
         note = repair_torn_tail(state_dir / name)
         if note:
             state.repairs.append(note)
     try:
-        state.done = read_done(state_dir / "done.txt", wanted, strangers)
+        state.done = read_done(state_dir / "done.txt", wanted, strangers, spend)
     except FileNotFoundError:
         pass
     except (OSError, UnicodeDecodeError):
@@ -1430,13 +1432,13 @@ def load_state(state_dir: Path, repair: bool = True, wanted: Optional[dict] = No
     return state
 
 
-def read_done(path: Path, wanted: Optional[dict], strangers: Optional[set] = None) -> set:
+def read_done(path: Path, wanted: Optional[dict], strangers: Optional[set] = None, spend: bool = False) -> set:
     """The ids of done.txt's complete lines (only those in wanted, if given;
-    the others then go to strangers, if given)."""
+    the others then go to strangers, if given; wanted emptied, with spend)."""
     if wanted is None:
         data = path.read_bytes()
         return set(data[:data.rfind(b"\n") + 1].decode("utf-8").split("\n")[:-1])
-    done, tail = set(), b""
+    found, tail = [], b""
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(READ_CHUNK * 16), b""):
             block = tail + block
@@ -1444,9 +1446,12 @@ def read_done(path: Path, wanted: Optional[dict], strangers: Optional[set] = Non
             tail = block[cut:]
             lines = block[:cut].decode("utf-8").split("\n")[:-1]
             shared = list(map(wanted.get, lines))
-            done.update(shared)
+            found += shared
             if strangers is not None and None in shared:
                 strangers.update(line for line, mine in zip(lines, shared) if mine is None)
+    if spend:
+        wanted.clear()
+    done = set(found)
     done.discard(None)
     return done
 
@@ -3314,7 +3319,7 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
     prepare_state_dir(cfg.state_dir)
     with RunLock(cfg.state_dir):
         record = read_run_record(cfg.state_dir)
-        state = load_state(cfg.state_dir, wanted=canonical)
+        state = load_state(cfg.state_dir, wanted=canonical, spend=True)
         del canonical
         done_file = cfg.state_dir / "done.txt"
         note, since = settle_run_record(cfg, record, done_file.exists() and done_file.stat().st_size > 0,
