@@ -1077,8 +1077,7 @@ HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 
 
 def read_ids(path: Path) -> tuple:
-    """(unique ids in file order, number of duplicate lines, {id: id}) from
-    IDS_FILE. The mapping lets the state share the very same id strings."""
+    """(unique ids in file order, number of duplicate lines, the set of them) from IDS_FILE."""
     try:
         mode = os.stat(path).st_mode
         if stat.S_ISDIR(mode):
@@ -1099,12 +1098,13 @@ def read_ids(path: Path) -> tuple:
         line = data.count(b"\n", 0, exc.start) + 1
         raise RedriveError(f"{path} line {line}: not valid UTF-8; save the file as UTF-8") from None
     del data
-    ids = id_lines(text)
+    lines = id_lines(text)
     del text
-    canonical = dict(zip(ids, ids))
-    if not canonical:
+    unique = set(lines)
+    if not unique:
         raise RedriveError(f"{path}: no ids in it; put one id per line ('#' lines are comments)")
-    return list(canonical), len(ids) - len(canonical), canonical
+    ids = lines if len(unique) == len(lines) else list(dict.fromkeys(lines))
+    return ids, len(lines) - len(unique), unique
 
 
 #: What a line may hold that calls for the slow path: whitespace to strip, a '#' comment.
@@ -1189,7 +1189,8 @@ def parse_header(text: str, environ) -> tuple:
 class State:
     """What the state dir says about each id, read at start."""
 
-    done: set = field(default_factory=set)
+    done: set = field(default_factory=set)  #: done ids: with undone, only those done in this run
+    undone: Optional[set] = None  #: for a run: the input ids with no done line at its start
     failed: dict = field(default_factory=dict)  #: id -> latest failed record
     unavailable: dict = field(default_factory=dict)  #: id -> latest record
     repairs: list = field(default_factory=list)  #: warnings about what was mended
@@ -1406,21 +1407,27 @@ def checked_record(path: Path, number: int, line: bytes) -> dict:
 
 
 def load_state(state_dir: Path, repair: bool = True, wanted: Optional[dict] = None,
-               strangers: Optional[set] = None, spend: bool = False) -> State:
+               strangers: Optional[set] = None, undone: Optional[set] = None) -> State:
     """Repair what a kill can leave (unless only looking), then read who is
     done, failed and unavailable. With wanted (the input ids, each mapped to
     itself), done keeps only those, as the very same string objects: a
     million done ids then cost a set, not a second copy of every string;
-    the done ids it leaves out go to strangers, if given. With spend, wanted
-    is emptied once read, before the done set is built: the two never
-    weigh on the peak together."""
+    the done ids it leaves out go to strangers, if given. With undone (the
+    input ids, a set: a run's way), that set is cut down to the ids with no
+    done line and becomes state.undone, and done starts empty: a run asks
+    only about the ids it has still to do, and a million done ids cost it
+    nothing but the time to read them."""
     state = State()
     for name in STATE_FILES if repair else ():
         note = repair_torn_tail(state_dir / name)
         if note:
             state.repairs.append(note)
     try:
-        state.done = read_done(state_dir / "done.txt", wanted, strangers, spend)
+        if undone is not None:
+            state.undone = undone
+            cut_done(state_dir / "done.txt", undone)
+        else:
+            state.done = read_done(state_dir / "done.txt", wanted, strangers)
     except FileNotFoundError:
         pass
     except (OSError, UnicodeDecodeError):
@@ -1432,28 +1439,38 @@ def load_state(state_dir: Path, repair: bool = True, wanted: Optional[dict] = No
     return state
 
 
-def read_done(path: Path, wanted: Optional[dict], strangers: Optional[set] = None, spend: bool = False) -> set:
+def read_done(path: Path, wanted: Optional[dict], strangers: Optional[set] = None) -> set:
     """The ids of done.txt's complete lines (only those in wanted, if given;
-    the others then go to strangers, if given; wanted emptied, with spend)."""
+    the others then go to strangers, if given)."""
     if wanted is None:
         data = path.read_bytes()
         return set(data[:data.rfind(b"\n") + 1].decode("utf-8").split("\n")[:-1])
-    found, tail = [], b""
+    done = set()
+    for lines in done_lines(path):
+        shared = list(map(wanted.get, lines))
+        done.update(shared)
+        if strangers is not None and None in shared:
+            strangers.update(line for line, mine in zip(lines, shared) if mine is None)
+    done.discard(None)
+    return done
+
+
+def cut_done(path: Path, ids: set) -> None:
+    """Take the ids of done.txt's complete lines out of ids."""
+    for lines in done_lines(path):
+        ids.difference_update(lines)
+
+
+def done_lines(path: Path) -> Iterable[list]:
+    """done.txt's complete lines, a block at a time: a million of them never
+    sit in memory as strings all at once."""
+    tail = b""
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(READ_CHUNK * 16), b""):
             block = tail + block
             cut = block.rfind(b"\n") + 1  # a UTF-8 character never spans a newline
             tail = block[cut:]
-            lines = block[:cut].decode("utf-8").split("\n")[:-1]
-            shared = list(map(wanted.get, lines))
-            found += shared
-            if strangers is not None and None in shared:
-                strangers.update(line for line, mine in zip(lines, shared) if mine is None)
-    if spend:
-        wanted.clear()
-    done = set(found)
-    done.discard(None)
-    return done
+            yield block[:cut].decode("utf-8").split("\n")[:-1]
 
 
 def complete_lost_done(state: State, ledger: Ledger) -> None:
@@ -1472,6 +1489,8 @@ def complete_lost_done(state: State, ledger: Ledger) -> None:
     if done_tail is None or done_tail.decode("utf-8", "replace") != item_id:  # written in lockstep
         ledger.append("done.txt", item_id)
         state.done.add(item_id)
+        if state.undone is not None:
+            state.undone.discard(item_id)
         state.repairs.append(f"done.txt: added {shown_id(item_id)!r}, whose result was stored just before a kill")
 
 
@@ -2605,7 +2624,8 @@ def plan(ids: list, state: State, cfg: Config, batch: Batch, ledger: Ledger, fx:
     """Put every unsettled id on the schedule at the pass it reached; return
     the ids not done at the start (the report need look at no other)."""
     now, wall = fx.clock(), fx.wallclock()
-    rest = [i for i in ids if i not in state.done]
+    rest = list(filter(state.undone.__contains__, ids) if state.undone is not None else
+                itertools.filterfalse(state.done.__contains__, ids))
     batch.counts["done"] = len(ids) - len(rest)
     for item_id in rest:
         if item_id in state.unavailable and not cfg.retry_unavailable:
@@ -2882,8 +2902,10 @@ def check(ids_file: Path, state_dir: Path, quiet: bool, out) -> ExitCode:
     absence is only visible against the full expected set, so here it is.
     Built for a million ids: done shares the input's strings, results are
     read without a JSON parse per line, and only small sets are combined."""
-    ids, duplicates, canonical = read_ids(ids_file)
+    ids, duplicates, unique = read_ids(ids_file)
+    del unique
     total, keyed = len(ids), keyed_ids_warning(ids)
+    canonical = dict(zip(ids, ids))
     del ids  # canonical has them all: one list less at the peak
     torn = [name for name in STATE_FILES if has_torn_tail(state_dir / name)]
     done_strangers = set()
@@ -3307,10 +3329,10 @@ class StopSignals:
 def run(cfg: Config, fx: Effects, err) -> ExitCode:
     """Load the state, run the passes, report. Raises RedriveError for setup problems."""
     started = fx.clock()
-    ids, duplicates, canonical = read_ids(cfg.ids_file)
+    ids, duplicates, unique = read_ids(cfg.ids_file)
     if cfg.shard:
         ids = [i for i in ids if in_shard(i, cfg.shard)]
-        canonical = dict(zip(ids, ids))
+        unique = set(ids)
     redact = Redactor(cfg.secrets + tuple(secret_query_values(cfg.url)))
     check_urls(cfg, ids, redact)
     keyed = keyed_ids_warning(ids) if cfg.url == "{id}" and not cfg.quiet else None
@@ -3319,8 +3341,8 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
     prepare_state_dir(cfg.state_dir)
     with RunLock(cfg.state_dir):
         record = read_run_record(cfg.state_dir)
-        state = load_state(cfg.state_dir, wanted=canonical, spend=True)
-        del canonical
+        state = load_state(cfg.state_dir, undone=unique)
+        del unique
         done_file = cfg.state_dir / "done.txt"
         note, since = settle_run_record(cfg, record, done_file.exists() and done_file.stat().st_size > 0,
                                         fx.wallclock())
