@@ -810,6 +810,20 @@ def test_resume_skips_ids_in_done_file(server, tmp_path):
     assert "3 ids, 1 to fetch" in err
 
 
+def test_a_run_keeps_only_the_ids_still_to_do_and_counts_the_rest_done(server, tmp_path):
+    assert crawl(server, tmp_path, ["a", "b", "c"])[0] == ExitCode.OK
+    with open(tmp_path / "ids.redrive" / "done.txt", "a") as fh:
+        fh.write("stranger\n")  # done by an older list: not in this one
+    undone = {"a", "b", "c", "d", "e"}
+    state = redrive.load_state(tmp_path / "ids.redrive", undone=undone)
+    assert state.undone is undone and undone == {"d", "e"} and state.done == set()
+    code, err, _ = crawl(server, tmp_path, ["a", "b", "c", "d", "c", "e"])
+    assert code == ExitCode.OK and "6 ids" not in err and "5 ids, 2 to fetch" in err
+    assert server.hits == Counter({"a": 1, "b": 1, "c": 1, "d": 1, "e": 1})
+    report = json.loads((tmp_path / "ids.redrive" / "report.json").read_text())
+    assert report["counts"] == {"input": 5, "duplicates": 1, "done": 5, "unavailable": 0, "failed": 0, "pending": 0}
+
+
 def test_cooldown_counts_from_the_failure_across_runs(server, tmp_path):
     server.replies["f"] = [500, 200]
     fake = FakeTime()
