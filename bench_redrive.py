@@ -449,12 +449,13 @@ def resume(folder, count, opt, left=10):
     finally:
         proc.terminate()
     rows = [
-        ("wall", f"{run.wall:.2f} s (target < 3 s)"),
+        ("wall", f"{run.wall:.2f} s (target <= 1.5 s)"),
         ("requests sent / minimum needed", f"{sent} / {left}"),
         ("429s", f"{throttled}"),
         ("client CPU", f"{run.cpu:.2f} s, reading the state and the ids included"),
-        ("peak memory", f"{run.rss:.0f} MB (target < 250 MB)"),
-        ("--check over the same state", f"{check.wall:.2f} s, peak memory {check.rss:.0f} MB (exit {check.code})"),
+        ("peak memory", f"{run.rss:.0f} MB (target <= 200 MB)"),
+        ("--check over the same state", f"{check.wall:.2f} s (target <= 3 s), peak memory {check.rss:.0f} MB "
+                                        f"(target <= 300 MB) (exit {check.code})"),
     ]
     table(f"resume: {count} ids, {count - left} already done (exit {run.code})", rows)
     show_error(run)
