@@ -27,9 +27,10 @@ failures, each --cooldown seconds after it failed. What still fails is
 confirmed unavailable, with its reason and a recommended action.
 
 A 429 or 503 that is one id's (a lone one) makes that id wait alone; the
-host's (throttles in a row or a share of its answers) pause the host for
-its Retry-After, cost the id no try, and slow the host's pace and
-concurrency, which recover gradually (--rate and --per-host cap them;
+host's (throttles in a row or a share of its answers, or any 429 from a
+host that has limited before) pause the host for its Retry-After, cost the
+id no try, and slow the host's pace to just below what it took and halve
+its concurrency; both recover gradually (--rate and --per-host cap them;
 --shard K/N splits the ids over machines).
 
 State, in STATE_DIR (default: IDS_FILE without extension + ".redrive"),
@@ -172,14 +173,20 @@ START_LIMIT = 4
 #: Statuses that say "too fast". One is the host's (its rate limit), not one
 #: id's (an item being rebuilt, a per-object limit), when it is the HOST_RUN-th
 #: throttle in a row, or throttles are HOST_RUN or more and THROTTLE_SHARE or
-#: more of the host's answers in the last SHARE_WINDOW seconds. On a new host,
-#: the first plain 429 (no Retry-After) is the host's; on a host whose pace
-#: is set (it has limited before), every 429 is. An id's own throttle makes
+#: more of the host's answers in the last SHARE_WINDOW seconds (or its last
+#: SHARE_ANSWERS answers, if they go further back); on a host whose pace is
+#: set (it has limited before), PACED_RUN and PACED_SHARE of 429s (its 503s
+#: are outages, not its limit). On a new host, the
+#: first plain 429 (no Retry-After) is the host's. An id's own throttle makes
 #: that id wait alone; the host goes on.
 THROTTLE_STATUSES = frozenset({429, 503})
+REFUSALS = frozenset({"throttle", "busy"})  #: the answer kinds of a 429 and a 503, in Host.recent
 HOST_RUN = 3
 THROTTLE_SHARE = 0.1
 SHARE_WINDOW = 0.5
+SHARE_ANSWERS = 10
+PACED_RUN = 2
+PACED_SHARE = 0.05
 
 #: The cut, at the host's throttle: the rate falls to CUT_FACTOR of the pace
 #: the host took: that of its last PACE_ANSWERS accepted answers (GUESS_SPAN
@@ -902,13 +909,13 @@ class Host:
             self.next_slot = max(self.next_slot, now) + 1.0 / self.rate
 
     def answered(self, now: float, kind: str) -> None:
-        """Count one answer ("ok", "throttle" or "other") in the last second."""
+        """Count one answer ("ok", "throttle" (a 429), "busy" (a 503) or "other") in the last second."""
         self.inflight -= 1
         self.first_answer = min(self.first_answer, now)
         self.recent.append((now, kind))
         while self.recent[0][0] < now - 1.0:
             self.recent.popleft()
-        if kind == "throttle":
+        if kind in REFUSALS:
             self.run += 1
         elif kind == "ok":
             self.run, self.last_ok, self.starved_since = 0, now, None
@@ -957,7 +964,7 @@ class Host:
         """A 429 or 503 of a request sent at `sent`, asking to wait `wait`
         seconds (None: no Retry-After). True when it is the host's throttle,
         False when it is this id's alone (the host goes on as it was)."""
-        self.answered(now, "throttle")
+        self.answered(now, "throttle" if status == 429 else "busy")
         if sent > self.reacted_at and not self.host_wide(status, wait):
             return False
         if wait is not None:
@@ -970,17 +977,23 @@ class Host:
         """Is this throttle the host's limit? See HOST_RUN."""
         if self.starved_since is not None:  # refusing everything: a probe's throttle too
             return True
-        if status == 429 and (self.rate or (self.slow_start and wait is None)):
-            return True  # "too fast" from a host known to limit, or a new host's plain one
+        if self.slow_start and status == 429 and wait is None:  # a new host's plain "too fast"
+            return True
         now = self.recent[-1][0]
-        last = [kind for t, kind in self.recent if t >= now - SHARE_WINDOW]
-        throttles = last.count("throttle")
+        since = now - SHARE_WINDOW
+        if len(self.recent) >= SHARE_ANSWERS:  # a slow host: its last SHARE_ANSWERS answers, if longer ago
+            since = min(since, self.recent[-SHARE_ANSWERS][0])
+        last = [kind for t, kind in self.recent if t >= since]
+        if self.rate:  # a host known to limit says "too fast" with a 429; its 503s are outages
+            return last.count("throttle") >= max(PACED_RUN, PACED_SHARE * len(last))
+        throttles = sum(1 for kind in last if kind in REFUSALS)
         return self.run >= HOST_RUN or (throttles >= HOST_RUN and throttles >= THROTTLE_SHARE * len(last))
 
     def react(self, now: float, wait: Optional[float], cap: float) -> None:
         """The host's throttle of a request sent after the last reaction."""
         starved = self.last_ok < self.reacted_at  # nothing accepted since the last reaction
         before, self.reacted_at, self.slow_start = self.reacted_at, now, False
+        print(f"REACT {now:.3f} starved {starved} wait {wait}", file=sys.stderr)
         if starved and self.starved_since is None:
             self.starved_since = now
         if starved and wait is None:
@@ -994,19 +1007,25 @@ class Host:
     def cut(self, now: float, before: float = float("-inf"), wait: Optional[float] = None) -> None:
         """The rate to CUT_FACTOR of the pace the host took since the last
         reaction at `before` (see CUT_FACTOR), the concurrency to half."""
-        self.limit = max(1.0, self.limit / 2)
         answers, refused, span, guess, cost = self.measure(now, before, wait)
-        previous = self.peak
+        previous, took_all = self.peak, refused <= THROTTLE_SHARE * answers
         if self.rate is None:
             self.peak, self.fast = max(answers, 1) / max(GUESS_SPAN, span), guess
         else:
             accepted = answers / max(span, answers / self.rate)  # never more than was sent
-            took_all = refused <= THROTTLE_SHARE * answers  # the pace was about right, just over the limit
             if guess:
                 accepted = max(accepted, GUESS_FLOOR * self.rate)
-            self.peak = self.rate if took_all and (guess or self.fast) else accepted
+            if took_all and (guess or self.fast):  # the pace was about right, just over the limit
+                self.peak = self.rate
+            elif took_all:  # the limit touched, or throttles of single ids: no lower than before
+                self.peak = max(accepted, self.peak)
+            else:
+                self.peak = accepted
             self.fast = self.fast and guess and took_all
+        if not took_all or previous is None:  # the host refused part of what was in flight
+            self.limit = max(1.0, self.limit / 2)
         self.rate = max(MIN_RATE, CUT_FACTOR * self.peak)
+        print(f"CUT {now:.3f} n {answers} refused {refused} span {span:.3f} guess {guess} peak {self.peak:.1f} rate {self.rate:.1f} fast {self.fast} limit {self.limit:.1f}", file=sys.stderr)
         self.next_slot = max(self.next_slot, now + 1.0 / self.rate)  # the next request one slot after the throttle
         self.plateau = PLATEAU * (1.0 + cost) * 2 ** self.steady(previous)  # probe a costly or steady limit less often
 
@@ -1022,11 +1041,11 @@ class Host:
             cost, guess = (wait if end == now else 0.0), False  # a window's allowance is measured whole
         else:  # the pace of the last answers: PACE_ANSWERS of them, or GUESS_SPAN seconds' worth
             since = max(now - 1.0, self.first_answer, opened, before)
-            times = [t for t, kind in self.recent if t >= since and kind != "throttle"]
+            times = [t for t, kind in self.recent if t >= since and kind not in REFUSALS]
             last = times[-PACE_ANSWERS] if len(times) >= PACE_ANSWERS else since
             start, end, cost = max(since, min(last, now - GUESS_SPAN)), now, wait or 0.0
-        answers = sum(1 for t, kind in self.recent if t >= start and kind != "throttle")
-        refused = sum(1 for t, kind in self.recent if t >= start and kind == "throttle")
+        answers = sum(1 for t, kind in self.recent if t >= start and kind not in REFUSALS)
+        refused = sum(1 for t, kind in self.recent if t >= start and kind in REFUSALS)
         if guess is None:
             guess = answers < PACE_ANSWERS or end - start < GUESS_SPAN
         return answers, refused, end - start, guess, cost
@@ -2581,7 +2600,7 @@ class Batch:
             out.error += f", asked to wait {wait:g} s (over --max-backoff {self.cfg.max_backoff:g} s)"
         elif item.tries < self.cfg.tries:
             host = self.hosts.get(item.host)
-            if wait is None and out.status in THROTTLE_STATUSES and host and host.rate:
+            if wait is None and out.status == 429 and host and host.rate:
                 wait = 0.0  # the host's pace is set: a near miss of its limit, tried at the next slot
             elif wait is None:
                 wait = backoff_delay(item.tries, self.cfg.backoff, self.cfg.max_backoff, self.fx.rand)
