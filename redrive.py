@@ -207,6 +207,7 @@ GUESS_SPAN = 0.25
 PACE_ANSWERS = 20
 GUESS_FLOOR = 0.5
 FAST_GROWTH = 2.0
+FAST_ANSWERS = 5
 
 #: A Retry-After of SHORT_PAUSE seconds or less ends a short quota window
 #: (so many requests a second). The pace it allows is the answers since the
@@ -977,8 +978,6 @@ class Host:
         """Is this throttle the host's limit? See HOST_RUN."""
         if self.starved_since is not None:  # refusing everything: a probe's throttle too
             return True
-        if self.slow_start and status == 429 and wait is None:  # a new host's plain "too fast"
-            return True
         now = self.recent[-1][0]
         since = now - SHARE_WINDOW
         if len(self.recent) >= SHARE_ANSWERS:  # a slow host: its last SHARE_ANSWERS answers, if longer ago
@@ -1007,7 +1006,7 @@ class Host:
     def cut(self, now: float, before: float = float("-inf"), wait: Optional[float] = None) -> None:
         """The rate to CUT_FACTOR of the pace the host took since the last
         reaction at `before` (see CUT_FACTOR), the concurrency to half."""
-        answers, refused, span, guess, cost = self.measure(now, before, wait)
+        answers, refused, span, guess, cost, pace = self.measure(now, before, wait)
         previous, took_all = self.peak, refused <= THROTTLE_SHARE * answers
         if self.rate is None:
             self.peak, self.fast = max(answers, 1) / max(GUESS_SPAN, span), guess
@@ -1017,6 +1016,8 @@ class Host:
                 accepted = max(accepted, GUESS_FLOOR * self.rate)
             if took_all and (guess or self.fast):  # the pace was about right, just over the limit
                 self.peak = self.rate
+            elif self.fast and pace:  # the rate grew fast: the last answers' spacing lags behind it least
+                self.peak = min(self.rate, pace)
             elif took_all:  # the limit touched, or throttles of single ids: no lower than before
                 self.peak = max(accepted, self.peak)
             else:
@@ -1031,9 +1032,10 @@ class Host:
 
     def measure(self, now: float, before: float, wait: Optional[float]) -> tuple:
         """What the host took: (answers, throttles, over how many seconds, a
-        guess?, the pause a probe past this pace costs). See CUT_FACTOR and SHORT_PAUSE."""
+        guess?, the pause a probe past this pace costs, the pace of the last
+        FAST_ANSWERS answers or None). See CUT_FACTOR and SHORT_PAUSE."""
         opened = self.window_start if self.window_start <= now else float("-inf")
-        guess = None
+        guess, pace = None, None
         if wait is not None and wait <= SHORT_PAUSE:  # a short quota window's end
             start = max(now - 1.0, self.first_answer, opened)
             # opened within the last second: a burst and this pause are one window, its allowance the answers
@@ -1044,11 +1046,14 @@ class Host:
             times = [t for t, kind in self.recent if t >= since and kind not in REFUSALS]
             last = times[-PACE_ANSWERS] if len(times) >= PACE_ANSWERS else since
             start, end, cost = max(since, min(last, now - GUESS_SPAN)), now, wait or 0.0
+            tail = times[-FAST_ANSWERS:]
+            if len(tail) >= 3 and tail[-1] > tail[0]:
+                pace = (len(tail) - 1) / (tail[-1] - tail[0])
         answers = sum(1 for t, kind in self.recent if t >= start and kind not in REFUSALS)
         refused = sum(1 for t, kind in self.recent if t >= start and kind in REFUSALS)
         if guess is None:
             guess = answers < PACE_ANSWERS or end - start < GUESS_SPAN
-        return answers, refused, end - start, guess, cost
+        return answers, refused, end - start, guess, cost, pace
 
     def steady(self, previous: Optional[float]) -> int:
         """Cuts in a row at a peak within STEADY_BAND of the one before (STEADY_MAX at most)."""
