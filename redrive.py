@@ -207,7 +207,6 @@ GUESS_SPAN = 0.25
 PACE_ANSWERS = 20
 GUESS_FLOOR = 0.5
 FAST_GROWTH = 2.0
-FAST_ANSWERS = 5
 
 #: A Retry-After of SHORT_PAUSE seconds or less ends a short quota window
 #: (so many requests a second). The pace it allows is the answers since the
@@ -992,7 +991,6 @@ class Host:
         """The host's throttle of a request sent after the last reaction."""
         starved = self.last_ok < self.reacted_at  # nothing accepted since the last reaction
         before, self.reacted_at, self.slow_start = self.reacted_at, now, False
-        print(f"REACT {now:.3f} starved {starved} wait {wait}", file=sys.stderr)
         if starved and self.starved_since is None:
             self.starved_since = now
         if starved and wait is None:
@@ -1006,7 +1004,7 @@ class Host:
     def cut(self, now: float, before: float = float("-inf"), wait: Optional[float] = None) -> None:
         """The rate to CUT_FACTOR of the pace the host took since the last
         reaction at `before` (see CUT_FACTOR), the concurrency to half."""
-        answers, refused, span, guess, cost, pace = self.measure(now, before, wait)
+        answers, refused, span, guess, cost = self.measure(now, before, wait)
         previous, took_all = self.peak, refused <= THROTTLE_SHARE * answers
         if self.rate is None:
             self.peak, self.fast = max(answers, 1) / max(GUESS_SPAN, span), guess
@@ -1014,10 +1012,8 @@ class Host:
             accepted = answers / max(span, answers / self.rate)  # never more than was sent
             if guess:
                 accepted = max(accepted, GUESS_FLOOR * self.rate)
-            if took_all and (guess or self.fast):  # the pace was about right, just over the limit
+            if self.fast or (took_all and guess):  # the pace was about right, just over the limit
                 self.peak = self.rate
-            elif self.fast and pace:  # the rate grew fast: the last answers' spacing lags behind it least
-                self.peak = min(self.rate, pace)
             elif took_all:  # the limit touched, or throttles of single ids: no lower than before
                 self.peak = max(accepted, self.peak)
             else:
@@ -1026,16 +1022,14 @@ class Host:
         if not took_all or previous is None:  # the host refused part of what was in flight
             self.limit = max(1.0, self.limit / 2)
         self.rate = max(MIN_RATE, CUT_FACTOR * self.peak)
-        print(f"CUT {now:.3f} n {answers} refused {refused} span {span:.3f} guess {guess} peak {self.peak:.1f} rate {self.rate:.1f} fast {self.fast} limit {self.limit:.1f}", file=sys.stderr)
         self.next_slot = max(self.next_slot, now + 1.0 / self.rate)  # the next request one slot after the throttle
         self.plateau = PLATEAU * (1.0 + cost) * 2 ** self.steady(previous)  # probe a costly or steady limit less often
 
     def measure(self, now: float, before: float, wait: Optional[float]) -> tuple:
         """What the host took: (answers, throttles, over how many seconds, a
-        guess?, the pause a probe past this pace costs, the pace of the last
-        FAST_ANSWERS answers or None). See CUT_FACTOR and SHORT_PAUSE."""
+        guess?, the pause a probe past this pace costs). See CUT_FACTOR and SHORT_PAUSE."""
         opened = self.window_start if self.window_start <= now else float("-inf")
-        guess, pace = None, None
+        guess = None
         if wait is not None and wait <= SHORT_PAUSE:  # a short quota window's end
             start = max(now - 1.0, self.first_answer, opened)
             # opened within the last second: a burst and this pause are one window, its allowance the answers
@@ -1046,14 +1040,11 @@ class Host:
             times = [t for t, kind in self.recent if t >= since and kind not in REFUSALS]
             last = times[-PACE_ANSWERS] if len(times) >= PACE_ANSWERS else since
             start, end, cost = max(since, min(last, now - GUESS_SPAN)), now, wait or 0.0
-            tail = times[-FAST_ANSWERS:]
-            if len(tail) >= 3 and tail[-1] > tail[0]:
-                pace = (len(tail) - 1) / (tail[-1] - tail[0])
         answers = sum(1 for t, kind in self.recent if t >= start and kind not in REFUSALS)
         refused = sum(1 for t, kind in self.recent if t >= start and kind in REFUSALS)
         if guess is None:
             guess = answers < PACE_ANSWERS or end - start < GUESS_SPAN
-        return answers, refused, end - start, guess, cost, pace
+        return answers, refused, end - start, guess, cost
 
     def steady(self, previous: Optional[float]) -> int:
         """Cuts in a row at a peak within STEADY_BAND of the one before (STEADY_MAX at most)."""

@@ -532,10 +532,13 @@ def test_throttles_in_a_row_are_the_hosts_pause_it_and_cost_the_id_no_try(server
     assert fetched["c"] == redrive.iso(FakeTime().wallclock() + 5)
 
 
-def test_a_new_hosts_first_throttle_without_retry_after_is_the_hosts(server, tmp_path):
-    server.replies["a"] = [429, 200]
-    code, _, _ = crawl(server, tmp_path, ["a"], "--tries", "1", "--passes", "1")
-    assert code == ExitCode.OK and server.hits["a"] == 2  # "too fast" from the host: no try spent
+def test_a_new_hosts_lone_429_is_that_ids_and_the_third_in_a_row_the_hosts(server, tmp_path):
+    for item in "abc":
+        server.replies[item] = [429, 200]
+    code, _, _ = crawl(server, tmp_path, ["a", "b", "c"], "--tries", "1", "--passes", "1", "--concurrency", "1")
+    assert code == ExitCode.OK  # every id settled
+    assert [r["id"] for r in state(tmp_path, "unavailable.jsonl")] == ["a", "b"]  # their own: a try each, the last
+    assert state(tmp_path, "done.txt") == ["c"] and server.hits["c"] == 2  # the host's "too fast": no try spent
 
 
 def test_a_retry_whose_time_has_come_goes_before_untried_ids(server, tmp_path):
@@ -1739,8 +1742,11 @@ def test_a_new_host_starts_slow_and_doubles_until_its_first_throttle():
     host = redrive.Host(limit=4.0, cap=32, slow_start=True)
     answers(host, [n / 100 + 0.02 for n in range(12)])
     assert host.limit == 16.0  # one more per success: doubling every round trip
-    host.start(0.2)
-    assert host.throttled(0.21, 0.2, None, 60.0)  # a new host's "too fast": the host's
+    for t in (0.2, 0.201):
+        host.start(t)
+        assert not host.throttled(t + 0.01, t, None, 60.0)  # a lone "too fast" could be one id's
+    host.start(0.202)
+    assert host.throttled(0.212, 0.202, None, 60.0)  # the third in a row: the host's
     assert not host.slow_start and host.limit == 8.0
     host.start(0.8)
     host.succeeded(0.81, 32)
@@ -1773,39 +1779,55 @@ def test_throttles_of_requests_in_flight_at_a_reaction_are_part_of_it():
     assert (host.rate, host.limit) == (rate, limit)
 
 
-def test_on_a_host_that_limits_every_429_is_the_hosts_and_a_lone_503_that_ids():
-    host = redrive.Host(limit=8.0, cap=8, rate=50.0, peak=50.0, reacted_at=-10.0)
+def paced_host(rate=50.0):
+    """A host that limited before, at `rate`, with a second of answers at that pace up to 2.0 s."""
+    host = redrive.Host(limit=8.0, cap=8, rate=rate, peak=rate, reacted_at=-2.0)  # the cubic at its plateau
     host.first_answer = 0.0
-    answers(host, [1.0 + n / 49 for n in range(49)])
-    for _ in range(3):
+    answers(host, [2.0 - (n + 1) / rate for n in reversed(range(int(rate)))])
+    return host
+
+
+def refusals(host, times, status=429):
+    """Refusals the host answered at these times, without a reaction (as if sent before the last one)."""
+    for t in times:
+        host.start(t)
+        host.answered(t, "throttle" if status == 429 else "busy")
+
+
+def test_on_a_host_that_limits_two_close_429s_are_the_hosts_and_its_503s_never_count():
+    host = paced_host()
+    for _ in range(4):
         host.start(2.0)
     rate = host.rate
-    assert not host.throttled(2.0, 2.0, 1.0, 60.0, status=503)  # "unavailable, back in a second": this id's
+    assert not host.throttled(2.0, 2.0, 1.0, 60.0, status=503)  # "unavailable": an outage, one id's
+    assert not host.throttled(2.0, 2.0, 1.0, 60.0)  # one "too fast": could be that id's
     assert host.rate == rate and host.paused_until == 0.0
-    assert host.throttled(2.001, 2.0, 1.0, 60.0)  # "too fast" from a host that limits: the host's
+    assert host.throttled(2.001, 2.0, 1.0, 60.0)  # two close together from a host that limits: the host's
     assert host.rate < rate and host.paused_until == pytest.approx(3.001)
 
 
-def test_the_cut_is_below_the_pace_of_the_last_answers():
-    host = redrive.Host(limit=8.0, cap=8, rate=50.0, peak=50.0, reacted_at=-10.0)
-    host.first_answer = 0.0
-    answers(host, [1.0 + n / 49 for n in range(49)])  # 49 answers in the last second, at 49 r/s
+def test_a_cut_where_the_host_took_all_that_was_sent_keeps_the_peak():
+    host = paced_host()
     host.start(2.0)
-    assert host.throttled(2.0, 2.0, None, 60.0)
-    # the last PACE_ANSWERS answers: 20 from 1.59 s to 2.0 s
-    span = 2.0 - (1.0 + 29 / 49)
-    assert host.peak == pytest.approx(20 / span) and host.rate == pytest.approx(0.9 * 20 / span)
-    assert host.opens_at(2.0) == pytest.approx(2.0 + 1 / host.rate)  # the next request one slot after the throttle
+    host.start(2.0)
+    assert not host.throttled(2.0, 2.0, None, 60.0)
+    assert host.throttled(2.0, 2.0, None, 60.0)  # 2 refusals in its last 20 answers: the limit touched
+    assert host.peak == 50.0 and host.rate == pytest.approx(45.0)  # no lower than before
+    assert host.limit == 8.0  # and no concurrency cut: nothing in flight was refused beyond that
+    assert host.opens_at(2.0) >= 2.0 + 1 / 45.0  # the next request one slot after the throttle at least
 
 
-def test_the_cut_is_below_what_the_host_accepted_when_it_took_far_less():
-    host = redrive.Host(limit=8.0, cap=8, rate=100.0, peak=100.0, reacted_at=-10.0)
+def test_the_cut_is_below_what_the_host_accepted_when_it_refused_more():
+    host = redrive.Host(limit=8.0, cap=8, rate=100.0, peak=100.0, reacted_at=-2.0)
     host.first_answer = 0.0
-    answers(host, [1.0 + n / 50 for n in range(50)])  # 50 answers in the last second, sent at 100 r/s
-    answers(host, [1.0 + n / 50 + 0.01 for n in range(10)], kind="throttle")  # in flight at the first one
+    for n in range(50):  # sent at 100 r/s for the last second, half of it refused
+        answers(host, [1.0 + n / 50])
+        refusals(host, [1.01 + n / 50])
     host.start(2.0)
     assert host.throttled(2.0, 2.0, None, 60.0)
-    assert host.peak == pytest.approx(50.0, rel=0.03) and host.rate == pytest.approx(45.0, rel=0.03)
+    # the last 20 answers, from 1.6 s: 50 r/s
+    assert host.peak == pytest.approx(50.0) and host.rate == pytest.approx(45.0)
+    assert host.limit == 4.0  # refusals among what was in flight: half the concurrency
 
 
 def test_a_cut_from_a_handful_of_answers_is_a_guess_that_slows_by_half_at_most():
@@ -1813,6 +1835,8 @@ def test_a_cut_from_a_handful_of_answers_is_a_guess_that_slows_by_half_at_most()
     host.first_answer = 0.0
     answers(host, [0.5])  # one answer since the last reaction: it says "slower", not how much
     host.start(0.55)
+    host.start(0.55)
+    assert not host.throttled(0.6, 0.55, None, 60.0)
     assert host.throttled(0.6, 0.55, None, 60.0)
     assert host.peak == redrive.GUESS_FLOOR * 20.0 and host.rate == pytest.approx(0.9 * 10.0)
 
@@ -1838,17 +1862,15 @@ def test_a_first_guess_grows_fast_until_a_measured_cut():
 
 def test_the_fast_growth_ends_at_a_cut_where_the_host_refused_part_of_the_pace():
     host = redrive.Host(limit=8.0, cap=32, slow_start=True)
-    answers(host, [0.001 * k for k in range(1, 7)])  # a burst of 6, then "too fast"
-    answers(host, [0.007], kind="throttle")
+    answers(host, [0.001 * k for k in range(1, 7)])  # a burst of 6, then "too fast" three times in a row
+    answers(host, [0.007, 0.0071, 0.0072], kind="throttle")
     assert host.fast and host.peak == pytest.approx(6 / redrive.GUESS_SPAN)
     answers(host, [0.1, 0.2, 0.3])  # the host's own pace, 10 r/s, while the rate grows past it
     rate = host.rate
     assert rate == pytest.approx(0.9 * 24 + 3 * redrive.FAST_GROWTH)
     answers(host, [0.31, 0.32], kind="throttle")  # refused: the rate is well past what it takes
     assert not host.fast
-    # 3 answers since the last reaction (the burst left out: with it, 9 in 0.31 s, 29 r/s) are a
-    # guess: the rate is halved at most
-    assert host.peak == pytest.approx(redrive.GUESS_FLOOR * rate)
+    assert host.peak == pytest.approx(rate)  # where the growth stopped: the next cut measures
 
 
 def test_a_host_that_refuses_everything_after_the_cut_is_probed_one_at_a_time():
@@ -1898,8 +1920,9 @@ def test_a_pace_held_past_a_short_window_waits_longer_to_probe_and_longer_still_
     for second in (10, 20, 30, 40, 50):
         answers(host, [second - 1 + n / 100 for n in range(100)])  # 100 a second for a whole second
         host.rate = 100.0
+        refusals(host, [second - 0.005, second - 0.004])
         host.start(second)
-        assert host.throttled(second, second, 1.0, 60.0)  # a 429 from a host that limits: the host's
+        assert host.throttled(second, second, 1.0, 60.0)  # a third 429 from a host that limits: the host's
         plateaus.append(host.plateau)
     assert host.peak == pytest.approx(100.0)
     cost = redrive.PLATEAU * (1 + 1.0)  # each probe past the limit cost a one-second pause
@@ -1962,10 +1985,12 @@ def run_batch(tmp_path, ids, *extra):
 
 def test_idle_hosts_are_forgotten_and_throttled_ones_kept(server, tmp_path):
     port = server.server_address[1]
-    server.replies["t"] = [429, 200]  # a new host's "too fast": its pace is set, it is kept
-    ids = [f"http://127.0.0.1:{port}/items/a", f"http://127.0.0.1:{port}/items/b", f"http://localhost:{port}/items/t"]
-    batch = run_batch(tmp_path, ids)
-    assert server.hits == Counter({"a": 1, "b": 1, "t": 2})
+    for item in ("t1", "t2", "t3"):
+        server.replies[item] = [429, 200]  # three "too fast" in a row: the host's; its pace is set, it is kept
+    ids = [f"http://127.0.0.1:{port}/items/a", f"http://127.0.0.1:{port}/items/b",
+           *(f"http://localhost:{port}/items/t{n}" for n in (1, 2, 3))]
+    batch = run_batch(tmp_path, ids, "--concurrency", "1", "--backoff", "0")
+    assert server.hits == Counter({"a": 1, "b": 1, "t1": 2, "t2": 2, "t3": 2})
     assert list(batch.hosts) == [f"localhost:{port}"]  # the 127.0.0.1 gate was as new: gone
 
 
