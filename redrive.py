@@ -27,11 +27,11 @@ failures, each --cooldown seconds after it failed. What still fails is
 confirmed unavailable, with its reason and a recommended action.
 
 A 429 or 503 that is one id's (a lone one) makes that id wait alone; the
-host's (throttles in a row or a share of its answers, or any 429 from a
-host that has limited before) pause the host for its Retry-After, cost the
-id no try, and slow the host's pace to just below what it took and halve
-its concurrency; both recover gradually (--rate and --per-host cap them;
---shard K/N splits the ids over machines).
+host's (throttles in a row or a share of its answers; two 429s close
+together on a host that has limited before) pause the host for its
+Retry-After, cost the id no try, and slow the host's pace to just below
+what it took and halve its concurrency; both recover gradually (--rate
+and --per-host cap them; --shard K/N splits the ids over machines).
 
 State, in STATE_DIR (default: IDS_FILE without extension + ".redrive"),
 the four ledgers append-only, one record per line, flushed as written:
@@ -176,9 +176,8 @@ START_LIMIT = 4
 #: more of the host's answers in the last SHARE_WINDOW seconds (or its last
 #: SHARE_ANSWERS answers, if they go further back); on a host whose pace is
 #: set (it has limited before), PACED_RUN and PACED_SHARE of 429s (its 503s
-#: are outages, not its limit). On a new host, the
-#: first plain 429 (no Retry-After) is the host's. An id's own throttle makes
-#: that id wait alone; the host goes on.
+#: are outages, not its limit). An id's own throttle makes that id wait
+#: alone; the host goes on.
 THROTTLE_STATUSES = frozenset({429, 503})
 REFUSALS = frozenset({"throttle", "busy"})  #: the answer kinds of a 429 and a 503, in Host.recent
 HOST_RUN = 3
@@ -191,16 +190,18 @@ PACED_SHARE = 0.05
 #: The cut, at the host's throttle: the rate falls to CUT_FACTOR of the pace
 #: the host took: that of its last PACE_ANSWERS accepted answers (GUESS_SPAN
 #: seconds' worth at least) since the last reaction (what came before it, a
-#: burst the host allowed once, says nothing of its pace). It then climbs
-#: back along a cubic: near that pace for about PLATEAU seconds (the limit is
-#: probed gently, not hit again at once), then faster and faster (the limit
-#: has moved): 1.1 times it after 2 x PLATEAU, 1.8 times after 3 x PLATEAU.
-#: The next request waits one slot after the throttle. Fewer answers are a
-#: guess: a host that refused part of the pace gets GUESS_FLOOR of the rate
-#: at least, and one that took it all, the rate it was sent (the guess is
-#: near). The very first cut is a guess that grows by FAST_GROWTH req/s per
-#: answer (doubling in a third of a second) until a cut where the host
-#: refused part of the pace.
+#: burst the host allowed once, says nothing of its pace), and the
+#: concurrency halves. Where the host took all that was sent (refusals under
+#: THROTTLE_SHARE: the limit just touched, or lone throttles), the pace stays
+#: no lower than the last cut's and the concurrency is kept. The rate then
+#: climbs back along a cubic: near that pace for about PLATEAU seconds (the
+#: limit is probed gently, not hit again at once), then faster and faster
+#: (the limit has moved): 1.1 times it after 2 x PLATEAU, 1.8 times after
+#: 3 x PLATEAU. The next request waits one slot after the throttle. Fewer
+#: answers are a guess: GUESS_FLOOR of the rate at least, or the rate it was
+#: sent if the host took it all. The very first cut is a guess that grows by
+#: FAST_GROWTH req/s per answer (doubling in a third of a second) until a cut
+#: where the host refused part of the pace, which takes the rate reached.
 CUT_FACTOR = 0.9
 PLATEAU = 4.0
 GUESS_SPAN = 0.25
