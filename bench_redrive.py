@@ -509,13 +509,18 @@ def fixed_window(folder, count, opt):
           f"the windows waited; {opt.latency * 1000:g} ms latency, concurrency {opt.concurrency}, no --rate", rows)
 
 
-def window_row(folder, size, seconds, retry_after, count, opt):
-    proc, base = start_server(opt.latency, limit=FixedWindow(size, seconds, retry_after))
+def limited_run(folder, count, opt, limiter):
+    """(Run, the server's /_stats) for redrive over `count` ids behind `limiter`."""
+    proc, base = start_server(opt.latency, limit=limiter)
     try:
         run = measured(redrive_cmd(write_ids(folder, count), base, "--concurrency", str(opt.concurrency)))
-        stats = server_stats(base)
+        return run, server_stats(base)
     finally:
         proc.terminate()
+
+
+def window_row(folder, size, seconds, retry_after, count, opt):
+    run, stats = limited_run(folder, count, opt, FixedWindow(size, seconds, retry_after))
     sent, throttled = sent_and_throttled(stats)
     ideal = (math.ceil(count / size) - 1) * seconds
     show_error(run)
@@ -534,12 +539,7 @@ def limit_change(folder, count, opt):
     """A leaky bucket (no Retry-After) whose rate halves after 10 s and returns 15 s later."""
     low_from, low_until = CHANGE_LOW
     limiter = ChangingBucket(CHANGE_RATE, 10, 0.5, low_from, low_until)
-    proc, base = start_server(opt.latency, limit=limiter)
-    try:
-        run = measured(redrive_cmd(write_ids(folder, count), base, "--concurrency", str(opt.concurrency)))
-        stats = server_stats(base)
-    finally:
-        proc.terminate()
+    run, stats = limited_run(folder, count, opt, limiter)
     sent, throttled = sent_and_throttled(stats)
     per_second = Counter(int(t) for t in stats["accepted"])
     seconds = [per_second[n] for n in range(max(per_second) + 1)] if per_second else []

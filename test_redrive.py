@@ -1964,8 +1964,8 @@ def test_host_settings_are_read_once_per_host_and_stay_bounded(monkeypatch):
         assert len(settings.memo) <= 3
 
 
-def run_batch(tmp_path, ids, *extra):
-    """A Batch run in-process, as run() does it, to look at its hosts afterwards."""
+def planned_batch(tmp_path, ids, *extra):
+    """(a Batch with every id planned, as run() makes it, its Ledger, its FakeTime)."""
     ids_file = write_ids(tmp_path, ids)
     cfg = redrive.config_from_args(redrive.build_parser().parse_args([str(ids_file), *extra]), {}, None)
     fake = FakeTime()
@@ -1976,6 +1976,12 @@ def run_batch(tmp_path, ids, *extra):
     progress = redrive.Progress(io.StringIO(), len(ids), fake.clock, True)
     batch = redrive.Batch(cfg, ledger, state, fake.effects(), redrive.Redactor(()), progress)
     redrive.plan(ids, state, cfg, batch, ledger, fake.effects())
+    return batch, ledger, fake
+
+
+def run_batch(tmp_path, ids, *extra):
+    """A Batch run in-process, as run() does it, to look at its hosts afterwards."""
+    batch, ledger, _ = planned_batch(tmp_path, ids, *extra)
     try:
         batch.run()
     finally:
@@ -1996,18 +2002,8 @@ def test_idle_hosts_are_forgotten_and_throttled_ones_kept(server, tmp_path):
 
 def test_an_answer_that_opens_a_gate_early_wakes_the_main_thread(tmp_path):
     ids = [f"i{n}" for n in range(5)]
-    ids_file = write_ids(tmp_path, ids)
-    cfg = redrive.config_from_args(redrive.build_parser().parse_args(
-        [str(ids_file), "--url", "http://127.0.0.1:9/items/{id}", "--no-guard"]), {}, None)
-    fake = FakeTime()
-    cfg.state_dir.mkdir()
-    state = redrive.load_state(cfg.state_dir)
-    ledger = redrive.Ledger(cfg.state_dir)
-    ledger.open()
-    progress = redrive.Progress(io.StringIO(), len(ids), fake.clock, True)
-    batch = redrive.Batch(cfg, ledger, state, fake.effects(), redrive.Redactor(()), progress)
+    batch, ledger, fake = planned_batch(tmp_path, ids, "--url", "http://127.0.0.1:9/items/{id}", "--no-guard")
     try:
-        redrive.plan(ids, state, cfg, batch, ledger, fake.effects())
         probe = batch._take_ready()
         host = batch.hosts[probe.host]
         host.rate, host.peak, host.reacted_at, host.slow_start = 10.0, 10.0, fake.now, False
