@@ -180,7 +180,7 @@ START_LIMIT = 4
 #: alone; the host goes on.
 THROTTLE_STATUSES = frozenset({429, 503})
 REFUSALS = frozenset({"throttle", "busy"})  #: the answer kinds of a 429 and a 503, in Host.recent
-HOST_RUN = 3
+HOST_RUN = 4
 THROTTLE_SHARE = 0.1
 SHARE_WINDOW = 0.5
 SHARE_ANSWERS = 10
@@ -983,8 +983,8 @@ class Host:
         if len(self.recent) >= SHARE_ANSWERS:  # a slow host: its last SHARE_ANSWERS answers, if longer ago
             since = min(since, self.recent[-SHARE_ANSWERS][0])
         last = [kind for t, kind in self.recent if t >= since]
-        if self.rate:  # a host known to limit says "too fast" with a 429; its 503s are outages
-            return last.count("throttle") >= max(PACED_RUN, PACED_SHARE * len(last))
+        if self.rate and status == 429:  # a host known to limit says "too fast" with a 429
+            return wait is not None or last.count("throttle") >= max(PACED_RUN, PACED_SHARE * len(last))
         throttles = sum(1 for kind in last if kind in REFUSALS)
         return self.run >= HOST_RUN or (throttles >= HOST_RUN and throttles >= THROTTLE_SHARE * len(last))
 
@@ -1006,7 +1006,8 @@ class Host:
         """The rate to CUT_FACTOR of the pace the host took since the last
         reaction at `before` (see CUT_FACTOR), the concurrency to half."""
         answers, refused, span, guess, cost = self.measure(now, before, wait)
-        previous, took_all = self.peak, refused <= THROTTLE_SHARE * answers
+        window = wait is not None and wait <= SHORT_PAUSE  # its answers are the window's allowance, whole
+        previous, took_all = self.peak, refused <= THROTTLE_SHARE * answers and not window
         if self.rate is None:
             self.peak, self.fast = max(answers, 1) / max(GUESS_SPAN, span), guess
         else:
