@@ -27,8 +27,9 @@ failures, each --cooldown seconds after it failed. What still fails is
 confirmed unavailable, with its reason and a recommended action.
 
 A 429 or 503 that is one id's (a lone one) makes that id wait alone; the
-host's (throttles in a row or a share of its answers; two 429s close
-together on a host that has limited before) pause the host for its
+host's (throttles in a row or a share of its answers; on a host that has
+limited before, a 429 with a Retry-After, or two plain ones close
+together) pause the host for its
 Retry-After, cost the id no try, and slow the host's pace to just below
 what it took and halve its concurrency; both recover gradually (--rate
 and --per-host cap them; --shard K/N splits the ids over machines).
@@ -174,10 +175,11 @@ START_LIMIT = 4
 #: id's (an item being rebuilt, a per-object limit), when it is the HOST_RUN-th
 #: throttle in a row, or throttles are HOST_RUN or more and THROTTLE_SHARE or
 #: more of the host's answers in the last SHARE_WINDOW seconds (or its last
-#: SHARE_ANSWERS answers, if they go further back); on a host whose pace is
-#: set (it has limited before), PACED_RUN and PACED_SHARE of 429s (its 503s
-#: are outages, not its limit). An id's own throttle makes that id wait
-#: alone; the host goes on.
+#: SHARE_ANSWERS answers, if they go further back). On a host whose pace is
+#: set (it has limited before), a 429 with a Retry-After is the host's, and
+#: a plain one from PACED_RUN and PACED_SHARE of 429s on (its 503s are
+#: outages, not its limit). An id's own throttle makes that id wait alone;
+#: the host goes on.
 THROTTLE_STATUSES = frozenset({429, 503})
 REFUSALS = frozenset({"throttle", "busy"})  #: the answer kinds of a 429 and a 503, in Host.recent
 HOST_RUN = 4

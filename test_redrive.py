@@ -522,23 +522,24 @@ def test_a_lone_throttle_is_that_ids_alone_and_the_host_goes_on(server, tmp_path
 
 
 def test_throttles_in_a_row_are_the_hosts_pause_it_and_cost_the_id_no_try(server, tmp_path):
-    for item in ("a", "b", "c"):
+    for item in ("a", "b", "c", "d"):
         server.replies[item] = [(429, b"", {"Retry-After": "5"}), 200]
-    code, _, fake = crawl(server, tmp_path, ["a", "b", "c", "d"], "--concurrency", "1", "--tries", "1", "--passes", "1")
-    assert code == ExitCode.OK and fake.sleeps[0] == 5.0  # then the paced host's slot for d
-    assert [r["id"] for r in state(tmp_path, "unavailable.jsonl")] == ["a", "b"]  # lone when they came: a try each
-    assert server.paths == ["/items/a", "/items/b", "/items/c", "/items/c", "/items/d"]  # c: no try spent
+    code, _, fake = crawl(server, tmp_path, ["a", "b", "c", "d", "e"], "--concurrency", "1", "--tries", "1",
+                          "--passes", "1")
+    assert code == ExitCode.OK and fake.sleeps[0] == 5.0  # then the paced host's slot for e
+    assert [r["id"] for r in state(tmp_path, "unavailable.jsonl")] == ["a", "b", "c"]  # lone when they came
+    assert server.paths == ["/items/a", "/items/b", "/items/c", "/items/d", "/items/d", "/items/e"]  # d: no try spent
     fetched = {r["id"]: r["fetched_at"] for r in state(tmp_path, "results.jsonl")}
-    assert fetched["c"] == redrive.iso(FakeTime().wallclock() + 5)
+    assert fetched["d"] == redrive.iso(FakeTime().wallclock() + 5)
 
 
-def test_a_new_hosts_lone_429_is_that_ids_and_the_third_in_a_row_the_hosts(server, tmp_path):
-    for item in "abc":
+def test_a_new_hosts_lone_429_is_that_ids_and_the_fourth_in_a_row_the_hosts(server, tmp_path):
+    for item in "abcd":
         server.replies[item] = [429, 200]
-    code, _, _ = crawl(server, tmp_path, ["a", "b", "c"], "--tries", "1", "--passes", "1", "--concurrency", "1")
+    code, _, _ = crawl(server, tmp_path, list("abcd"), "--tries", "1", "--passes", "1", "--concurrency", "1")
     assert code == ExitCode.OK  # every id settled
-    assert [r["id"] for r in state(tmp_path, "unavailable.jsonl")] == ["a", "b"]  # their own: a try each, the last
-    assert state(tmp_path, "done.txt") == ["c"] and server.hits["c"] == 2  # the host's "too fast": no try spent
+    assert [r["id"] for r in state(tmp_path, "unavailable.jsonl")] == ["a", "b", "c"]  # their own: a try each
+    assert state(tmp_path, "done.txt") == ["d"] and server.hits["d"] == 2  # the host's "too fast": no try spent
 
 
 def test_a_retry_whose_time_has_come_goes_before_untried_ids(server, tmp_path):
@@ -1742,11 +1743,11 @@ def test_a_new_host_starts_slow_and_doubles_until_its_first_throttle():
     host = redrive.Host(limit=4.0, cap=32, slow_start=True)
     answers(host, [n / 100 + 0.02 for n in range(12)])
     assert host.limit == 16.0  # one more per success: doubling every round trip
-    for t in (0.2, 0.201):
+    for t in (0.2, 0.201, 0.202):
         host.start(t)
         assert not host.throttled(t + 0.01, t, None, 60.0)  # a lone "too fast" could be one id's
-    host.start(0.202)
-    assert host.throttled(0.212, 0.202, None, 60.0)  # the third in a row: the host's
+    host.start(0.203)
+    assert host.throttled(0.213, 0.203, None, 60.0)  # the fourth in a row: the host's
     assert not host.slow_start and host.limit == 8.0
     host.start(0.8)
     host.succeeded(0.81, 32)
@@ -1760,19 +1761,19 @@ def test_a_throttle_is_the_hosts_only_when_throttles_cluster():
     assert not host.throttled(0.92, 0.91, 5.0, 60.0)  # one in 91: that id's, with its own wait
     assert host.rate is None and host.paused_until == 0.0 and host.limit == 8.0
     hosts = []
-    for t in (0.93, 0.94):
+    for t in (0.93, 0.94, 0.95):
         host.start(t)
         hosts.append(host.throttled(t + 0.005, t, 5.0, 60.0))
-    assert hosts == [False, True]  # the third in a row: the host's limit
-    assert host.paused_until == 0.945 + 5.0 and host.limit == 4.0 and host.rate is not None
+    assert hosts == [False, False, True]  # the fourth in a row: the host's limit
+    assert host.paused_until == 0.955 + 5.0 and host.limit == 4.0 and host.rate is not None
 
 
 def test_throttles_of_requests_in_flight_at_a_reaction_are_part_of_it():
     host = redrive.Host(limit=8.0, cap=8)
     answers(host, [n / 100 for n in range(1, 91)])
-    for _ in range(3):
+    for _ in range(4):
         host.start(0.9)
-    answers(host, [0.91, 0.92, 0.93], kind="throttle")
+    answers(host, [0.91, 0.92, 0.93, 0.94], kind="throttle")
     rate, limit = host.rate, host.limit
     host.start(0.9)
     assert host.throttled(0.95, 0.9, None, 60.0)  # sent before the reaction: the host's, nothing more
@@ -1794,16 +1795,23 @@ def refusals(host, times, status=429):
         host.answered(t, "throttle" if status == 429 else "busy")
 
 
-def test_on_a_host_that_limits_two_close_429s_are_the_hosts_and_its_503s_never_count():
+def test_on_a_host_that_limits_two_close_plain_429s_are_the_hosts_and_its_503s_never_count():
     host = paced_host()
     for _ in range(4):
         host.start(2.0)
     rate = host.rate
     assert not host.throttled(2.0, 2.0, 1.0, 60.0, status=503)  # "unavailable": an outage, one id's
-    assert not host.throttled(2.0, 2.0, 1.0, 60.0)  # one "too fast": could be that id's
+    assert not host.throttled(2.0, 2.0, None, 60.0)  # one plain "too fast": could be that id's
     assert host.rate == rate and host.paused_until == 0.0
-    assert host.throttled(2.001, 2.0, 1.0, 60.0)  # two close together from a host that limits: the host's
-    assert host.rate < rate and host.paused_until == pytest.approx(3.001)
+    assert host.throttled(2.001, 2.0, None, 60.0)  # two close together from a host that limits: the host's
+    assert host.rate < rate
+
+
+def test_on_a_host_that_limits_a_429_with_a_retry_after_is_the_hosts():
+    host = paced_host()
+    host.start(2.0)
+    assert host.throttled(2.0, 2.0, 1.0, 60.0)  # "come back in a second", from a host known to limit
+    assert host.paused_until == pytest.approx(3.0)
 
 
 def test_a_cut_where_the_host_took_all_that_was_sent_keeps_the_peak():
@@ -1853,7 +1861,7 @@ def test_after_a_cut_the_rate_climbs_back_along_a_cubic():
 def test_a_first_guess_grows_fast_until_a_measured_cut():
     host = redrive.Host(limit=4.0, cap=32, slow_start=True)
     answers(host, [0.001])
-    answers(host, [0.002, 0.003, 0.004], kind="throttle")
+    answers(host, [0.002, 0.003, 0.004, 0.005], kind="throttle")
     assert host.fast and host.rate == pytest.approx(0.9 * 1 / redrive.GUESS_SPAN)  # 1 answer in a few ms: a guess
     rate = host.rate
     answers(host, [0.5, 0.6])
@@ -1863,7 +1871,7 @@ def test_a_first_guess_grows_fast_until_a_measured_cut():
 def test_the_fast_growth_ends_at_a_cut_where_the_host_refused_part_of_the_pace():
     host = redrive.Host(limit=8.0, cap=32, slow_start=True)
     answers(host, [0.001 * k for k in range(1, 7)])  # a burst of 6, then "too fast" three times in a row
-    answers(host, [0.007, 0.0071, 0.0072], kind="throttle")
+    answers(host, [0.007, 0.0071, 0.0072, 0.0073], kind="throttle")
     assert host.fast and host.peak == pytest.approx(6 / redrive.GUESS_SPAN)
     answers(host, [0.1, 0.2, 0.3])  # the host's own pace, 10 r/s, while the rate grows past it
     rate = host.rate
@@ -1876,8 +1884,8 @@ def test_the_fast_growth_ends_at_a_cut_where_the_host_refused_part_of_the_pace()
 def test_a_host_that_refuses_everything_after_the_cut_is_probed_one_at_a_time():
     host = redrive.Host(limit=8.0, cap=8)
     answers(host, [n / 100 for n in range(1, 51)])
-    answers(host, [0.6, 0.61, 0.62], kind="throttle")  # the quota is spent: the cut
-    assert host.starved_for(0.62) == 0.0
+    answers(host, [0.6, 0.61, 0.62, 0.63], kind="throttle")  # the quota is spent: the cut
+    assert host.starved_for(0.63) == 0.0
     host.start(0.7)
     host.throttled(0.71, 0.7, None, 60.0)  # sent after the cut, refused, nothing accepted since
     assert host.starved_for(0.71) == 0.0 and host.paused_until == pytest.approx(0.71 + redrive.PROBE_FIRST)
@@ -1896,7 +1904,7 @@ def test_a_pause_inside_the_second_marks_a_quota_window_for_the_cut():
     host = redrive.Host(limit=8.0, cap=8)
     host.first_answer, host.window_start = 0.0, 1.0  # the last window ended at 1.0
     answers(host, [1.02 + n / 50 for n in range(10)])  # the whole allowance, 10 answers, in the window's first 0.2 s
-    for t in (1.2, 1.205, 1.21):
+    for t in (1.2, 1.205, 1.21, 1.215):
         host.start(t)
         host.throttled(t + 0.001, t, 2.0 - (t + 0.001), 60.0)  # "come back at 2.0": the window was [1.0, 2.0)
     assert host.peak == pytest.approx(10.0) and host.rate == pytest.approx(9.0)
@@ -1905,11 +1913,11 @@ def test_a_pause_inside_the_second_marks_a_quota_window_for_the_cut():
 def test_a_short_retry_after_makes_a_burst_and_its_pause_one_window():
     host = redrive.Host(limit=8.0, cap=8, slow_start=True)
     answers(host, [n / 100 for n in range(10)])  # the allowance, 10, in a burst
-    for t in (0.1, 0.101, 0.102):  # then "come back in a second", three in a row: the host's
+    for t in (0.1, 0.101, 0.102, 0.103):  # then "come back in a second", four in a row: the host's
         host.start(t - 0.001)
         host.throttled(t, t - 0.001, 1.0, 60.0)
-    assert host.peak == pytest.approx(10 / 1.102)  # 10 answers from the first one to the pause's end
-    assert host.rate == pytest.approx(0.9 * 10 / 1.102) and not host.fast  # a whole window: no guess
+    assert host.peak == pytest.approx(10 / 1.103)  # 10 answers from the first one to the pause's end
+    assert host.rate == pytest.approx(0.9 * 10 / 1.103) and not host.fast  # a whole window: no guess
     assert host.plateau == redrive.PLATEAU  # the burst's pace was not held: no cost to weigh
 
 
@@ -1991,12 +1999,12 @@ def run_batch(tmp_path, ids, *extra):
 
 def test_idle_hosts_are_forgotten_and_throttled_ones_kept(server, tmp_path):
     port = server.server_address[1]
-    for item in ("t1", "t2", "t3"):
-        server.replies[item] = [429, 200]  # three "too fast" in a row: the host's; its pace is set, it is kept
+    for item in ("t1", "t2", "t3", "t4"):
+        server.replies[item] = [429, 200]  # four "too fast" in a row: the host's; its pace is set, it is kept
     ids = [f"http://127.0.0.1:{port}/items/a", f"http://127.0.0.1:{port}/items/b",
-           *(f"http://localhost:{port}/items/t{n}" for n in (1, 2, 3))]
+           *(f"http://localhost:{port}/items/t{n}" for n in (1, 2, 3, 4))]
     batch = run_batch(tmp_path, ids, "--concurrency", "1", "--backoff", "0")
-    assert server.hits == Counter({"a": 1, "b": 1, "t1": 2, "t2": 2, "t3": 2})
+    assert server.hits == Counter({"a": 1, "b": 1, "t1": 2, "t2": 2, "t3": 2, "t4": 2})
     assert list(batch.hosts) == [f"localhost:{port}"]  # the 127.0.0.1 gate was as new: gone
 
 
