@@ -193,17 +193,15 @@ PACED_SHARE = 0.05
 #: the host took: that of its last PACE_ANSWERS accepted answers (GUESS_SPAN
 #: seconds' worth at least) since the last reaction (what came before it, a
 #: burst the host allowed once, says nothing of its pace), and the
-#: concurrency halves. Where the host took all that was sent (refusals under
-#: THROTTLE_SHARE: the limit just touched, or lone throttles), the pace stays
-#: no lower than the last cut's and the concurrency is kept. The rate then
-#: climbs back along a cubic: near that pace for about PLATEAU seconds (the
-#: limit is probed gently, not hit again at once), then faster and faster
-#: (the limit has moved): 1.1 times it after 2 x PLATEAU, 1.8 times after
-#: 3 x PLATEAU. The next request waits one slot after the throttle. Fewer
-#: answers are a guess: GUESS_FLOOR of the rate at least, or the rate it was
-#: sent if the host took it all. The very first cut is a guess that grows by
-#: FAST_GROWTH req/s per answer (doubling in a third of a second) until a cut
-#: where the host refused part of the pace, which takes the rate reached.
+#: concurrency halves. It then climbs back along a cubic: near that pace for
+#: about PLATEAU seconds (the limit is probed gently, not hit again at once),
+#: then faster and faster (the limit has moved): 1.1 times it after
+#: 2 x PLATEAU, 1.8 times after 3 x PLATEAU. The next request waits one slot
+#: after the throttle. Fewer answers are a guess: a host that refused part
+#: of the pace gets GUESS_FLOOR of the rate at least, and one that took it
+#: all, the rate it was sent (the guess is near). The very first cut is a
+#: guess that grows by FAST_GROWTH req/s per answer (doubling in a third of
+#: a second) until a cut where the host refused part of the pace.
 CUT_FACTOR = 0.9
 PLATEAU = 4.0
 GUESS_SPAN = 0.25
@@ -1008,23 +1006,17 @@ class Host:
         """The rate to CUT_FACTOR of the pace the host took since the last
         reaction at `before` (see CUT_FACTOR), the concurrency to half."""
         answers, refused, span, guess, cost = self.measure(now, before, wait)
-        window = wait is not None and wait <= SHORT_PAUSE  # its answers are the window's allowance, whole
-        previous, took_all = self.peak, refused <= THROTTLE_SHARE * answers and not window
+        previous = self.peak
+        self.limit = max(1.0, self.limit / 2)
         if self.rate is None:
             self.peak, self.fast = max(answers, 1) / max(GUESS_SPAN, span), guess
         else:
             accepted = answers / max(span, answers / self.rate)  # never more than was sent
+            took_all = refused <= THROTTLE_SHARE * answers  # the pace was about right, just over the limit
             if guess:
                 accepted = max(accepted, GUESS_FLOOR * self.rate)
-            if self.fast or (took_all and guess):  # the pace was about right, just over the limit
-                self.peak = self.rate
-            elif took_all:  # the limit touched, or throttles of single ids: no lower than before
-                self.peak = max(accepted, self.peak)
-            else:
-                self.peak = accepted
+            self.peak = self.rate if took_all and (guess or self.fast) else accepted
             self.fast = self.fast and guess and took_all
-        if not took_all or previous is None:  # the host refused part of what was in flight
-            self.limit = max(1.0, self.limit / 2)
         self.rate = max(MIN_RATE, CUT_FACTOR * self.peak)
         self.next_slot = max(self.next_slot, now + 1.0 / self.rate)  # the next request one slot after the throttle
         self.plateau = PLATEAU * (1.0 + cost) * 2 ** self.steady(previous)  # probe a costly or steady limit less often
