@@ -29,10 +29,10 @@ confirmed unavailable, with its reason and a recommended action.
 A 429 or 503 that is one id's (a lone one) makes that id wait alone; the
 host's (throttles in a row or a share of its answers; on a host that has
 limited before, a 429 with a Retry-After, or two plain ones close
-together) pause the host for its
-Retry-After, cost the id no try, and slow the host's pace to just below
-what it took and halve its concurrency; both recover gradually (--rate
-and --per-host cap them; --shard K/N splits the ids over machines).
+together) pause the host for its Retry-After, cost the id no try, and
+slow the host's pace to just below what it took and halve its
+concurrency; both recover gradually (--rate and --per-host cap them;
+--shard K/N splits the ids over machines).
 
 State, in STATE_DIR (default: IDS_FILE without extension + ".redrive"),
 the four ledgers append-only, one record per line, flushed as written:
