@@ -1036,8 +1036,9 @@ class Host:
             times = [t for t, kind in self.recent if t >= since and kind not in REFUSALS]
             last = times[-PACE_ANSWERS] if len(times) >= PACE_ANSWERS else since
             start, end, cost = max(since, min(last, now - GUESS_SPAN)), now, wait or 0.0
-        answers = sum(1 for t, kind in self.recent if t >= start and kind not in REFUSALS)
-        refused = sum(1 for t, kind in self.recent if t >= start and kind in REFUSALS)
+        kinds = [kind for t, kind in self.recent if t >= start]
+        refused = sum(kind in REFUSALS for kind in kinds)
+        answers = len(kinds) - refused
         if guess is None:
             guess = answers < PACE_ANSWERS or end - start < GUESS_SPAN
         return answers, refused, end - start, guess, cost
@@ -2637,8 +2638,7 @@ def plan(ids: list, state: State, cfg: Config, batch: Batch, ledger: Ledger, fx:
     """Put every unsettled id on the schedule at the pass it reached; return
     the ids not done at the start (the report need look at no other)."""
     now, wall = fx.clock(), fx.wallclock()
-    rest = list(filter(state.undone.__contains__, ids) if state.undone is not None else
-                itertools.filterfalse(state.done.__contains__, ids))
+    rest = list(filter(state.undone.__contains__, ids))  # load_state(undone=...) made it
     batch.counts["done"] = len(ids) - len(rest)
     for item_id in rest:
         if item_id in state.unavailable and not cfg.retry_unavailable:

@@ -1980,7 +1980,7 @@ def planned_batch(tmp_path, ids, *extra):
     cfg = redrive.config_from_args(redrive.build_parser().parse_args([str(ids_file), *extra]), {}, None)
     fake = FakeTime()
     cfg.state_dir.mkdir()
-    state = redrive.load_state(cfg.state_dir)
+    state = redrive.load_state(cfg.state_dir, undone=set(ids))
     ledger = redrive.Ledger(cfg.state_dir)
     ledger.open()
     progress = redrive.Progress(io.StringIO(), len(ids), fake.clock, True)
