@@ -890,6 +890,8 @@ class Host:
     recent: deque = field(default_factory=deque)  #: (time, kind) of the last second's answers
     run: int = 0  #: throttles in a row
     starved_since: Optional[float] = None  #: refusing everything since, with no Retry-After
+    spells: deque = field(default_factory=lambda: deque(maxlen=2))  #: the last two such spells: (from, until, oks by then)
+    oks: int = 0  #: answers that were not throttles, ever
     unreached: int = 0  #: requests in a row that never reached the host
     down_since: Optional[float] = None  #: when it was taken as down
     probes: int = 0  #: probes that failed since then
@@ -919,7 +921,10 @@ class Host:
         if kind in REFUSALS:
             self.run += 1
         elif kind == "ok":
+            if self.starved_since is not None:
+                self.spells.append((self.starved_since, now, self.oks))
             self.run, self.last_ok, self.starved_since = 0, now, None
+            self.oks += 1
 
     def forgettable(self, now: float, ceiling: int) -> bool:
         """Idle and as a new host would be: nothing is lost by dropping it."""
@@ -1005,7 +1010,8 @@ class Host:
     def cut(self, now: float, before: float = float("-inf"), wait: Optional[float] = None) -> None:
         """The rate to CUT_FACTOR of the pace the host took since the last
         reaction at `before` (see CUT_FACTOR), the concurrency to half."""
-        answers, refused, span, guess, cost = self.measure(now, before, wait)
+        spell = self.after_short_spell(now, before, wait)
+        answers, refused, span, guess, cost = spell or self.measure(now, before, wait)
         previous = self.peak
         self.limit = max(1.0, self.limit / 2)
         if self.rate is None:
@@ -1015,7 +1021,7 @@ class Host:
             took_all = refused <= THROTTLE_SHARE * answers  # the pace was about right, just over the limit
             if guess:
                 accepted = max(accepted, GUESS_FLOOR * self.rate)
-            self.peak = self.rate if took_all and (guess or self.fast) else accepted
+            self.peak = self.rate if took_all and (guess or self.fast) and not spell else accepted
             self.fast = self.fast and guess and took_all
         self.rate = max(MIN_RATE, CUT_FACTOR * self.peak)
         self.next_slot = max(self.next_slot, now + 1.0 / self.rate)  # the next request one slot after the throttle
@@ -1042,6 +1048,23 @@ class Host:
         if guess is None:
             guess = answers < PACE_ANSWERS or end - start < GUESS_SPAN
         return answers, refused, end - start, guess, cost
+
+    def after_short_spell(self, now: float, before: float, wait: Optional[float]) -> Optional[tuple]:
+        """measure's answer for short quota windows with no Retry-After: the
+        host refused everything for a spell (SHORT_PAUSE seconds or less)
+        since `before`, and for one more before it. The first answer after a
+        spell is a window's first: what the host took from one such answer to
+        the next, over the time between them, is its allowance per window
+        (None when that is not the case, or when so few answers are a guess)."""
+        if wait is not None or len(self.spells) < 2:
+            return None
+        (_, opened, first), (began, ended, last) = self.spells
+        if ended <= before or ended - began > SHORT_PAUSE or ended - opened > 2 * SHORT_PAUSE:
+            return None
+        answers = last - first
+        if answers < PACE_ANSWERS:
+            return None
+        return answers, 0, ended - opened, False, ended - began
 
     def steady(self, previous: Optional[float]) -> int:
         """Cuts in a row at a peak within STEADY_BAND of the one before (STEADY_MAX at most)."""
