@@ -198,7 +198,8 @@ PACED_SHARE = 0.05
 #: then faster and faster (the limit has moved): 1.1 times it after
 #: 2 x PLATEAU, 1.8 times after 3 x PLATEAU. The next request waits one slot
 #: after the throttle. Fewer answers are a guess: a host that refused part
-#: of the pace gets GUESS_FLOOR of the rate at least, and one that took it
+#: of the pace keeps GUESS_FLOOR of the rate at least (more when the answers
+#: span less than GUESS_SPAN: see guess_floor), and one that took it
 #: all, the rate it was sent (the guess is near). The very first cut is a
 #: guess that grows by FAST_GROWTH req/s per answer (doubling in a third of
 #: a second) until a cut where the host refused part of the pace.
@@ -217,7 +218,10 @@ FAST_GROWTH = 2.0
 #: each time the pace goes past the limit: after a pace held for a whole
 #: second, the cubic's plateau is (1 + the pause) times longer. It doubles
 #: too for each cut in a row (STEADY_MAX at most) at a pace within STEADY_BAND
-#: of the last one: a steady limit is probed less and less often.
+#: of the last one: a steady limit is probed less and less often. With no
+#: Retry-After, a spell of refusing everything (SHORT_PAUSE seconds or less)
+#: ends such a window: the allowance is what the host took from the end of
+#: one spell to the end of the next, over the time between them.
 SHORT_PAUSE = 2.0
 STEADY_BAND = 0.05
 STEADY_MAX = 3
@@ -1020,7 +1024,7 @@ class Host:
             accepted = answers / max(span, answers / self.rate)  # never more than was sent
             took_all = refused <= THROTTLE_SHARE * answers  # the pace was about right, just over the limit
             if guess:
-                accepted = max(accepted, GUESS_FLOOR * self.rate)
+                accepted = max(accepted, self.rate * guess_floor(span))
             self.peak = self.rate if took_all and (guess or self.fast) and not spell else accepted
             self.fast = self.fast and guess and took_all
         self.rate = max(MIN_RATE, CUT_FACTOR * self.peak)
@@ -1075,6 +1079,14 @@ class Host:
     def starved_for(self, now: float) -> float:
         """Seconds the host has refused everything sent after a reaction (0: it has not)."""
         return 0.0 if self.starved_since is None else now - self.starved_since
+
+
+def guess_floor(span: float) -> float:
+    """The least share of the rate a guess cut keeps, after `span` seconds
+    of answers: 1 - (1 - GUESS_FLOOR) * min(1, span / GUESS_SPAN). A throttle
+    a slot or two after the last cut (the jitter of a limit with no slack)
+    says little: the rate falls by a tenth or two, not by half."""
+    return 1.0 - (1.0 - GUESS_FLOOR) * min(1.0, span / GUESS_SPAN)
 
 
 def cubic_pace(elapsed: float, plateau: float = PLATEAU) -> float:

@@ -1902,6 +1902,39 @@ def test_a_host_that_refuses_everything_after_the_cut_is_probed_one_at_a_time():
     assert host.starved_for(3.31) == 0.0 and host.opens_at(3.31) is not None
 
 
+def spend_window(host, opens, allowance):
+    """A fixed window with no Retry-After: the host takes `allowance` answers
+    from `opens` on (the first is the probe that finds the window open), then
+    refuses two, then refuses probes until the next window."""
+    answers(host, [opens + k / 1000 for k in range(allowance)])
+    spent = opens + allowance / 1000
+    answers(host, [spent + 0.001, spent + 0.002], kind="throttle")
+    probe = spent + 0.1
+    while probe < opens + 0.9:
+        host.start(probe)
+        host.throttled(probe + 0.001, probe, None, 60.0)
+        probe += 0.2
+
+
+def test_a_short_window_with_no_retry_after_is_measured_from_one_opening_to_the_next():
+    host = redrive.Host(limit=8.0, cap=8)
+    for opens in (0.0, 1.02, 2.03):  # 50 a second: each burst taken in 50 ms, then refusals
+        spend_window(host, opens, 50)
+    # the burst's own pace (1000 r/s) set the first cuts; 50 answers from the opening at 1.02 to
+    # the one at 2.03 are the window's allowance
+    assert host.peak == pytest.approx(50 / 1.01) and host.rate == pytest.approx(0.9 * 50 / 1.01)
+    assert not host.fast
+
+
+def test_a_throttle_a_slot_after_the_cut_slows_a_little_not_by_half():
+    host = redrive.Host(limit=4.0, cap=32, rate=50.0, peak=55.0, reacted_at=10.0)
+    host.first_answer = 0.0
+    answers(host, [10.02])
+    answers(host, [10.039, 10.04], kind="throttle")  # 40 ms after the cut: jitter past a limit with no slack
+    assert host.peak == pytest.approx(50.0 * (1 - 0.5 * 0.04 / redrive.GUESS_SPAN))
+    assert [redrive.guess_floor(s) for s in (0.0, 0.125, 0.25, 1.0)] == [1.0, 0.75, 0.5, 0.5]
+
+
 def test_a_pause_inside_the_second_marks_a_quota_window_for_the_cut():
     host = redrive.Host(limit=8.0, cap=8)
     host.first_answer, host.window_start = 0.0, 1.0  # the last window ended at 1.0
