@@ -20,8 +20,8 @@ Scenarios (all by default):
                  Retry-After) at 10, 50 and 100 r/s, with and without burst and
                  nodelay; every 50th id a real 404; skipped when nginx is absent
   fixed-window   a fixed window that starts at the first request: 100 per second
-                 (3,000 ids) and 600 per minute (900 ids), each with a Retry-After
-                 to the window's end and with none
+                 (3,000 ids), 600 per minute (900 ids) and 600 per 10 s (2,400
+                 ids), each with a Retry-After to the window's end and with none
   limit-change   4,500 ids against nginx's leaky-bucket arithmetic at 100 r/s
                  (burst 10, no Retry-After), halved from 10 s to 25 s: the 429s,
                  and the accepted requests second by second
@@ -493,8 +493,9 @@ def lone_429(folder, count, opt):
 
 # ------------------------------------------------------- other limiters
 
-#: (allowance, window in seconds, ids): a fixed window per second and per minute.
-WINDOWS = [(100, 1, 3000), (600, 60, 900)]
+#: (allowance, window in seconds, ids): a fixed window per second, per minute
+#: (one window spent), and per 10 s (three spent: the allowance learned from the first).
+WINDOWS = [(100, 1, 3000), (600, 60, 900), (600, 10, 2400)]
 
 
 def fixed_window(folder, count, opt):

@@ -235,6 +235,14 @@ MIN_RATE = 0.5
 #: refused everything for STARVED_FOR x --max-backoff, its throttles count
 #: against the ids again: a host that refuses all for ever cannot keep a run alive.
 PROBE_FIRST = 0.1
+
+#: ALLOWANCE: a long quota window (so many requests a minute or an hour) ends
+#: with a Retry-After over SHORT_PAUSE, or a spell of refusing everything
+#: longer than SHORT_PAUSE. All the requests in flight then are refused. What
+#: the window took is the next one's allowance: once that many are sent, the
+#: host gets one request at a time, so the next window's end costs one
+#: refusal, not --concurrency of them. An answer past the allowance (the
+#: window grew, or the first was cut short by the run's start) lifts it.
 STARVED_SHARE = 0.25
 STARVED_FOR = 2
 
@@ -896,6 +904,9 @@ class Host:
     starved_since: Optional[float] = None  #: refusing everything since, with no Retry-After
     spells: deque = field(default_factory=lambda: deque(maxlen=2))  #: the last two such spells: (from, until, oks by then)
     oks: int = 0  #: answers that were not throttles, ever
+    allowance: Optional[int] = None  #: what the last long window took: past it, one probe at a time
+    opened_oks: int = 0  #: oks when the current long window opened
+    sent_in_window: int = 0  #: requests started since then
     unreached: int = 0  #: requests in a row that never reached the host
     down_since: Optional[float] = None  #: when it was taken as down
     probes: int = 0  #: probes that failed since then
@@ -904,13 +915,14 @@ class Host:
 
     def opens_at(self, now: float) -> Optional[float]:
         """When the gate lets the next request through: now, later, or None (full)."""
-        ceiling = 1 if self.starved_since is not None else min(self.cap, int(self.limit))
+        ceiling = 1 if self.starved_since is not None or self.spent() else min(self.cap, int(self.limit))
         if self.inflight >= ceiling:
             return None
         return max(now, self.paused_until, self.next_slot)
 
     def start(self, now: float) -> None:
         self.inflight += 1
+        self.sent_in_window += 1
         self.probing = self.down_since is not None
         if self.rate:
             self.next_slot = max(self.next_slot, now) + 1.0 / self.rate
@@ -927,8 +939,12 @@ class Host:
         elif kind == "ok":
             if self.starved_since is not None:
                 self.spells.append((self.starved_since, now, self.oks))
+                if now - self.starved_since > SHORT_PAUSE:  # a long window's end: this probe is the next one's first
+                    self.long_window_ends(sent=1)
             self.run, self.last_ok, self.starved_since = 0, now, None
             self.oks += 1
+            if self.allowance is not None and self.oks - self.opened_oks > self.allowance:
+                self.allowance = None  # this window allows more than the last
 
     def forgettable(self, now: float, ceiling: int) -> bool:
         """Idle and as a new host would be: nothing is lost by dropping it."""
@@ -985,7 +1001,7 @@ class Host:
 
     def host_wide(self, status: int, wait: Optional[float]) -> bool:
         """Is this throttle the host's limit? See HOST_RUN."""
-        if self.starved_since is not None:  # refusing everything: a probe's throttle too
+        if self.starved_since is not None or self.spent():  # refusing everything, or the allowance is spent
             return True
         now = self.recent[-1][0]
         since = now - SHARE_WINDOW
@@ -1000,16 +1016,28 @@ class Host:
     def react(self, now: float, wait: Optional[float], cap: float) -> None:
         """The host's throttle of a request sent after the last reaction."""
         starved = self.last_ok < self.reacted_at  # nothing accepted since the last reaction
+        ended = self.spent() and not starved  # a long window's end foreseen (see ALLOWANCE): no fault of the pace
         before, self.reacted_at, self.slow_start = self.reacted_at, now, False
-        if starved and self.starved_since is None:
+        if (starved or ended and wait is None) and self.starved_since is None:
             self.starved_since = now
-        if starved and wait is None:
+        if (starved or ended) and wait is None:
             pause = max(PROBE_FIRST, STARVED_SHARE * (now - self.starved_since))
             self.paused_until = max(self.paused_until, now + min(cap, pause))
-        elif not starved:
+        elif not (starved or ended):
             self.cut(now, before, wait)
         if wait is not None:
             self.window_start = now + wait
+        if wait is not None and wait > SHORT_PAUSE and not starved:
+            self.long_window_ends(sent=0)
+
+    def spent(self) -> bool:
+        """The long window's allowance is sent (see ALLOWANCE)."""
+        return self.allowance is not None and self.sent_in_window >= self.allowance
+
+    def long_window_ends(self, sent: int) -> None:
+        """A long quota window (see ALLOWANCE) ended: what it took is the next one's allowance."""
+        self.allowance = self.oks - self.opened_oks
+        self.opened_oks, self.sent_in_window = self.oks, sent
 
     def cut(self, now: float, before: float = float("-inf"), wait: Optional[float] = None) -> None:
         """The rate to CUT_FACTOR of the pace the host took since the last

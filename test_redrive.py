@@ -1935,6 +1935,46 @@ def test_a_throttle_a_slot_after_the_cut_slows_a_little_not_by_half():
     assert [redrive.guess_floor(s) for s in (0.0, 0.125, 0.25, 1.0)] == [1.0, 0.75, 0.5, 0.5]
 
 
+def test_a_long_window_allows_next_time_what_it_took_then_one_request_at_a_time():
+    host = redrive.Host(limit=8.0, cap=8)
+    answers(host, [n / 100 for n in range(1, 31)])  # 30 taken, then "come back in a minute"
+    for t in (0.31, 0.311, 0.312, 0.313):
+        host.start(t - 0.001)
+        host.throttled(t, t - 0.001, 60.0, 300.0)
+    assert host.allowance == 30 and host.paused_until == pytest.approx(60.313)
+    answers(host, [61.0 + n / 100 for n in range(29)])
+    assert not host.spent()
+    host.start(62.0)  # the 30th
+    assert host.spent() and host.opens_at(62.0) is None  # one at a time now: the 30th is in flight
+    host.succeeded(62.01, 8)
+    assert host.opens_at(63.0) == 63.0
+    host.start(63.0)
+    assert host.opens_at(63.0) is None
+    rate = host.rate
+    host.throttled(63.01, 63.0, 57.0, 300.0)  # refused, as foreseen: one refusal, and the pace is not cut
+    assert host.rate == rate and host.paused_until == pytest.approx(120.01) and host.allowance == 30
+
+
+def test_a_window_that_takes_more_than_its_allowance_lifts_it():
+    host = redrive.Host(limit=8.0, cap=8, allowance=2)
+    answers(host, [1.0, 1.1])
+    assert host.opens_at(1.2) is not None and host.spent()
+    answers(host, [1.2])  # the probe past the allowance was taken
+    assert host.allowance is None and not host.spent()
+
+
+def test_a_long_spell_of_refusals_without_retry_after_sets_the_allowance_too():
+    host = redrive.Host(limit=8.0, cap=8)
+    answers(host, [n / 100 for n in range(1, 21)])
+    answers(host, [0.21, 0.22, 0.23, 0.24], kind="throttle")  # the cut
+    for t in (0.4, 1.0, 3.0):  # probes refused for longer than SHORT_PAUSE
+        host.start(t)
+        host.throttled(t + 0.01, t, None, 60.0)
+    assert host.starved_for(3.01) > redrive.SHORT_PAUSE and host.allowance is None
+    answers(host, [4.0])  # the next window opens: 20 taken in the last one
+    assert host.allowance == 20 and host.sent_in_window == 1
+
+
 def test_a_pause_inside_the_second_marks_a_quota_window_for_the_cut():
     host = redrive.Host(limit=8.0, cap=8)
     host.first_answer, host.window_start = 0.0, 1.0  # the last window ended at 1.0
