@@ -351,6 +351,36 @@ EXIT_MEANINGS = {
 }
 
 
+class Stop(Enum):
+    """Why a run stopped before every id was settled: the report's "stop",
+    what each id it left pending is told, and the exit code (None: that of
+    what is left, 0 or 1)."""
+
+    def __new__(cls, word: str, pending: str, action: str, code: Optional[ExitCode]):
+        stop = object.__new__(cls)
+        stop._value_, stop.pending, stop.action, stop.code = word, pending, action, code
+        return stop
+
+    TIME = "time", "time budget reached", "rerun to resume", None
+    INTERRUPTED = "interrupted", "run interrupted", "rerun to resume", ExitCode.INTERRUPTED
+    TERMINATED = "terminated", "run terminated", "rerun to resume", ExitCode.TERMINATED
+    HUNG_UP = "hung up", "run hung up (SIGHUP)", "rerun to resume", ExitCode.HANGUP
+    FATAL = "fatal", "run halted by a fatal response", "fix the key or the account, then rerun to resume", \
+        ExitCode.FATAL
+    UNREACHABLE = "unreachable", "the API's host stayed unreachable", "rerun the same command once it is back", \
+        ExitCode.UNREACHABLE
+    LATER = "later", "not due yet", "rerun the same command later", None
+    MISCONFIGURED = "misconfigured", "run halted: its first answers all failed alike", \
+        "check --url and the ids file, then rerun", ExitCode.FATAL
+    CRASH = "crash", "run stopped by an internal error", "rerun to resume; report crash.log if it happens again", \
+        ExitCode.SOFTWARE
+
+
+#: What an id not requested yet is told when no stop explains it.
+NOT_REQUESTED = ("not requested yet", "rerun to continue")
+SIGNAL_STOPS = frozenset({Stop.INTERRUPTED, Stop.TERMINATED, Stop.HUNG_UP})
+
+
 class Bucket(Enum):
     OK = "ok"
     FATAL = "fatal"
@@ -668,6 +698,62 @@ def bounded_wait(seconds: Optional[float]) -> float:
     if seconds is None or not seconds < MAX_WAIT:
         return MAX_WAIT
     return max(MIN_WAIT, seconds)
+
+
+class Move(Enum):
+    """What one attempt's outcome does to its id (see next_step)."""
+
+    DONE = "done"  #: stored: results.jsonl, then done.txt
+    HALT = "halt"  #: a fatal answer: the whole run stops, nothing is marked
+    RETRY = "retry"  #: asked again in this pass, after Step.wait
+    FAIL = "fail"  #: this pass is over for it: failed.jsonl, then the next pass after Step.wait
+    GIVE_UP = "give up"  #: failed its last pass: failed.jsonl, then unavailable.jsonl
+    UNAVAILABLE = "unavailable"  #: settled at once: unavailable.jsonl
+    LEAVE = "leave"  #: the run is stopping: nothing recorded, the id stays pending
+
+
+@dataclass(frozen=True)
+class Step:
+    move: Move
+    wait: float = 0.0  #: RETRY and FAIL: seconds until the id is due again
+    outcome: Optional["Outcome"] = None  #: FAIL, GIVE_UP, UNAVAILABLE: what is recorded (its error may say more)
+
+
+def next_step(out: "Outcome", tries: int, pass_no: int, cfg: "Config", paced: bool, stopping: bool,
+              rand: Callable[[], float]) -> Step:
+    """The one decision of the run: what outcome `out` of the id's try number
+    `tries` in pass `pass_no` means. `paced`: its host's pace is set (it has
+    limited before), so a 429 with no Retry-After is a near miss of that
+    pace, asked again at the host's next slot. `stopping`: the run is
+    stopping, and a retryable failure is left pending, not recorded."""
+    if out.bucket is Bucket.OK:
+        return Step(Move.DONE)
+    if out.bucket is Bucket.FATAL:
+        return Step(Move.HALT)
+    if out.bucket is Bucket.SKIP:
+        return Step(Move.UNAVAILABLE, outcome=out)
+    if cfg.unsafe and not out.unreached and out.status not in NOT_PROCESSED_STATUSES:
+        error = f"{MAY_HAVE_BEEN_PROCESSED} ({out.error})"
+        return Step(Move.UNAVAILABLE, outcome=dataclasses.replace(out, bucket=Bucket.SKIP, error=error))
+    if stopping:
+        return Step(Move.LEAVE)
+    wait = out.retry_after
+    if wait is not None and wait > cfg.max_backoff:
+        out = dataclasses.replace(out, error=f"{out.error}, asked to wait {wait:g} s "
+                                             f"(over --max-backoff {cfg.max_backoff:g} s)")
+    elif tries < cfg.tries:
+        if wait is None:
+            wait = 0.0 if out.status == 429 and paced else backoff_delay(tries, cfg.backoff, cfg.max_backoff, rand)
+        return Step(Move.RETRY, wait)
+    if pass_no >= cfg.passes:
+        return Step(Move.GIVE_UP, outcome=out)
+    return Step(Move.FAIL, pass_wait(cfg, out.retry_after), out)
+
+
+def pass_wait(cfg: "Config", retry_after: Optional[float]) -> float:
+    """Seconds from an id's failed pass to its next: the cool-down, or the
+    Retry-After of its last answer if that is longer."""
+    return max(cfg.cooldown, retry_after or 0.0)
 
 
 #: Characters never printed raw: C0 and C1 controls, DEL, and the Unicode
@@ -2286,7 +2372,7 @@ class Tally:
     per_pass: dict = field(default_factory=dict)  #: pass -> Counter of results
     fatal: Optional[Outcome] = None
     fatal_id: str = ""
-    stop: str = ""  #: "", "fatal", "interrupted", "terminated", "time", "unreachable", "later", "crash"
+    stop: Optional[Stop] = None
     abandoned: int = 0
     down: Optional[dict] = None  #: the API's host went down: host, reason, since, probes
     due: Optional[float] = None  #: stop "later": when the first id left is due (wall clock)
@@ -2380,12 +2466,12 @@ class Batch:
             times += [max(t, self.next_slot) for t in gates if t is not None]
         return min(times) if times else None
 
-    def request_stop(self, why: str) -> None:
+    def request_stop(self, why: Stop) -> None:
         """Stop starting requests; wait a little for those in flight.
         Safe in a signal handler: it takes no lock."""
         if not self.tally.stop:
             self.tally.stop = why
-            grace = self.cfg.timeout if why == "time" else min(GRACE_SECONDS, self.cfg.timeout)
+            grace = self.cfg.timeout if why is Stop.TIME else min(GRACE_SECONDS, self.cfg.timeout)
             self.stop_at = self.fx.clock() + grace
         self.wake.set()
 
@@ -2394,8 +2480,8 @@ class Batch:
         if self.tally.crash is None:
             self.tally.crash = {"id": item.id if item else None, "error": f"{type(exc).__name__}: {exc}",
                                 "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))}
-        self.tally.stop = ""  # a crash outranks any other stop
-        self.request_stop("crash")
+        self.tally.stop = None  # a crash outranks any other stop
+        self.request_stop(Stop.CRASH)
 
     def run(self) -> Tally:
         """The main thread keeps time: it starts work when workers are idle,
@@ -2438,10 +2524,10 @@ class Batch:
         self.ledger.sync_if_due()
         self.progress.tick(self)
         if self.end_at is not None and not self.tally.stop and self.fx.clock() >= self.end_at:
-            self.request_stop("time")
+            self.request_stop(Stop.TIME)
         if not (self.tally.stop or self.inflight or self.active) and self._beyond_reach(self.heap[0][0]):
             self.tally.due = self.fx.wallclock() + self.heap[0][0] - self.fx.clock()
-            self.request_stop("later")
+            self.request_stop(Stop.LATER)
         if self.tally.stop:
             if self.inflight and self.fx.clock() < self.stop_at:
                 return True
@@ -2556,7 +2642,7 @@ class Batch:
                 self.settle(held, out)
             if self.guard.tripped and not self.tally.misconfigured:
                 self.tally.misconfigured = {"sign": self.guard.sign, "id": item.id, "answers": self.guard.size}
-                self.request_stop("misconfigured")
+                self.request_stop(Stop.MISCONFIGURED)
         else:
             self.settle(item, outcome)
         host = self.hosts[item.host]
@@ -2614,27 +2700,29 @@ class Batch:
         if down:
             self.tally.down["probes"] = host.probes
         if host.probes >= self.cfg.tries * self.cfg.passes:
-            self.request_stop("unreachable")
+            self.request_stop(Stop.UNREACHABLE)
 
     def _probe_wait(self, probe: int) -> float:
         return backoff_delay(probe, self.cfg.backoff, self.cfg.max_backoff, self.fx.rand)
 
     def settle(self, item: Item, out: Outcome) -> None:
-        """Record what one attempt means for its id."""
+        """Apply what one attempt means for its id (see next_step)."""
         item.tries += 1
-        if out.bucket is Bucket.OK:
+        host = self.hosts.get(item.host)
+        step = next_step(out, item.tries, item.pass_no, self.cfg, bool(host and host.rate),
+                         bool(self.tally.stop), self.fx.rand)
+        if step.move is Move.DONE:
             self._succeed(item, out)
-        elif out.bucket is Bucket.FATAL:
+        elif step.move is Move.HALT:
             if not self.tally.fatal:
                 self.tally.fatal, self.tally.fatal_id = out, item.id
-            self.request_stop("fatal")
-        elif out.bucket is Bucket.SKIP:
-            self._give_up(item, out)
-        elif self.cfg.unsafe and not out.unreached and out.status not in NOT_PROCESSED_STATUSES:
-            self._give_up(item, dataclasses.replace(out, bucket=Bucket.SKIP,
-                                                    error=f"{MAY_HAVE_BEEN_PROCESSED} ({out.error})"))
-        elif not self.tally.stop:
-            self._retry_or_fail(item, out)
+            self.request_stop(Stop.FATAL)
+        elif step.move is Move.RETRY:
+            self.schedule(item, self.fx.clock() + step.wait)
+        elif step.move in (Move.FAIL, Move.GIVE_UP):
+            self._fail_pass(item, step)
+        elif step.move is Move.UNAVAILABLE:
+            self._give_up(item, step.outcome)
 
     def _succeed(self, item: Item, out: Outcome) -> None:
         url = build_url(self.cfg.url, item.id)
@@ -2650,44 +2738,27 @@ class Batch:
         self.counts["done"] += 1
         self.tally.count(item.pass_no, "done")
 
-    def _retry_or_fail(self, item: Item, out: Outcome) -> None:
-        wait = out.retry_after
-        if wait is not None and wait > self.cfg.max_backoff:
-            out.error += f", asked to wait {wait:g} s (over --max-backoff {self.cfg.max_backoff:g} s)"
-        elif item.tries < self.cfg.tries:
-            host = self.hosts.get(item.host)
-            if wait is None and out.status == 429 and host and host.rate:
-                wait = 0.0  # the host's pace is set: a near miss of its limit, tried at the next slot
-            elif wait is None:
-                wait = backoff_delay(item.tries, self.cfg.backoff, self.cfg.max_backoff, self.fx.rand)
-            self.schedule(item, self.fx.clock() + wait)
-            return
-        self._fail_pass(item, out)
-
-    def _fail_pass(self, item: Item, out: Outcome) -> None:
+    def _fail_pass(self, item: Item, step: Step) -> None:
         """This pass is over for the id: record it, then re-drive it or settle it."""
-        at = self.fx.wallclock()
+        at, out = self.fx.wallclock(), step.outcome
         record = {"id": item.id, "pass": item.pass_no, "bucket": out.bucket.value, "status": out.status,
                   "error": out.error, "tries": item.tries, "at": iso(at)}
         if out.retry_after is not None:
             record["retry_after"] = out.retry_after
-        wait = max(self.cfg.cooldown, out.retry_after or 0.0)
-        if item.pass_no < self.cfg.passes:
-            record["due"] = iso(at + wait)
+        if step.move is Move.FAIL:
+            record["due"] = iso(at + step.wait)
         self.ledger.record("failed.jsonl", record)
         self.state.failed[item.id] = record
-        if item.pass_no >= self.cfg.passes:
+        if step.move is Move.GIVE_UP:
             self._give_up(item, out)
             return
         self.tally.count(item.pass_no, "failed")
-        self.schedule(Item(item.id, item.pass_no + 1), self.fx.clock() + wait)
+        self.schedule(Item(item.id, item.pass_no + 1), self.fx.clock() + step.wait)
 
     def _give_up(self, item: Item, out: Outcome) -> None:
         record = unavailable_record(item.id, out.error, out.status, out.bucket, item.tries,
                                     self.fx.wallclock(), self.cfg.passes)
-        self.ledger.record("unavailable.jsonl", record)
-        self.state.unavailable[item.id] = record
-        self.state.fresh.add(item.id)
+        give_up(record, self.ledger, self.state)
         self.counts["unavailable"] += 1
         self.tally.count(item.pass_no, "unavailable")
 
@@ -2695,6 +2766,13 @@ class Batch:
 def unavailable_record(item_id, reason, status, bucket, tries, at, passes) -> dict:
     return {"id": item_id, "reason": reason, "status": status, "bucket": bucket.value,
             "tries": tries, "at": iso(at), "action": recommend(bucket, status, reason, passes)}
+
+
+def give_up(record: dict, ledger: Ledger, state: State) -> None:
+    """An id confirmed unavailable: unavailable.jsonl, and the report marks it new."""
+    ledger.record("unavailable.jsonl", record)
+    state.unavailable[record["id"]] = record
+    state.fresh.add(record["id"])
 
 
 def plan(ids: list, state: State, cfg: Config, batch: Batch, ledger: Ledger, fx: Effects) -> list:
@@ -2714,19 +2792,15 @@ def plan(ids: list, state: State, cfg: Config, batch: Batch, ledger: Ledger, fx:
             settle_exhausted(item_id, last, ledger, state, cfg, wall)
             batch.counts["unavailable"] += 1
         else:
-            wait = max(cfg.cooldown, last.get("retry_after") or 0.0)
-            ready = now + max(0.0, parse_iso(last["at"]) + wait - wall)
+            ready = now + max(0.0, parse_iso(last["at"]) + pass_wait(cfg, last.get("retry_after")) - wall)
             batch.schedule(Item(item_id, last["pass"] + 1), ready)
     return rest
 
 
 def settle_exhausted(item_id, last, ledger, state, cfg, wall) -> None:
     """An id that failed its last pass but was never moved on (a kill, or fewer --passes)."""
-    record = unavailable_record(item_id, last["error"], last["status"], Bucket(last["bucket"]),
-                                last["tries"], wall, cfg.passes)
-    ledger.record("unavailable.jsonl", record)
-    state.unavailable[item_id] = record
-    state.fresh.add(item_id)
+    give_up(unavailable_record(item_id, last["error"], last["status"], Bucket(last["bucket"]),
+                               last["tries"], wall, cfg.passes), ledger, state)
 
 
 # ----------------------------------------------------------------- report
@@ -2824,27 +2898,13 @@ def duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
-PENDING_REASONS = {  #: why an id is still pending, by how the run ended
-    "": ("not requested yet", "rerun to continue"),
-    "time": ("time budget reached", "rerun to resume"),
-    "interrupted": ("run interrupted", "rerun to resume"),
-    "terminated": ("run terminated", "rerun to resume"),
-    "hung up": ("run hung up (SIGHUP)", "rerun to resume"),
-    "fatal": ("run halted by a fatal response", "fix the key or the account, then rerun to resume"),
-    "unreachable": ("the API's host stayed unreachable", "rerun the same command once it is back"),
-    "later": ("not due yet", "rerun the same command later"),
-    "misconfigured": ("run halted: its first answers all failed alike", "check --url and the ids file, then rerun"),
-    "crash": ("run stopped by an internal error", "rerun to resume; report crash.log if it happens again"),
-}
-
-
 def residue(ids: list, state: State, tally: Tally) -> tuple:
     """(rows, pending): a row for every id that is unavailable or failed, with
     its state, reason and recommended action, and for the first
     PENDING_LISTED pending ids; and how many ids are pending in all. A run
     stopped early over a million ids lists no million rows."""
     rows, pending = [], 0
-    reason, action = PENDING_REASONS[tally.stop]
+    reason, action = (tally.stop.pending, tally.stop.action) if tally.stop else NOT_REQUESTED
     for item_id in ids:
         if item_id in state.done:
             continue
@@ -2856,7 +2916,7 @@ def residue(ids: list, state: State, tally: Tally) -> tuple:
             f = state.failed[item_id]
             rows.append({"id": shown_id(item_id), "state": "failed", "reason": f["error"], "status": f["status"],
                          "bucket": f["bucket"], "action": f"waits for pass {f['pass'] + 1}: rerun to continue"
-                         if tally.stop != "later" else f"waits for pass {f['pass'] + 1}, due {f.get('due')}: "
+                         if tally.stop is not Stop.LATER else f"waits for pass {f['pass'] + 1}, due {f.get('due')}: "
                          "rerun the same command after then"})
         else:
             pending += 1
@@ -2890,7 +2950,7 @@ def build_report(total: int, rest: list, duplicates: int, state: State, tally: T
     return {
         "redrive": __version__, "ids_file": str(cfg.ids_file), "state_dir": str(cfg.state_dir),
         "url": redact(redact_url(cfg.url)), "finished_at": iso(time.time()),
-        "exit_code": None, "stop": tally.stop or None, "elapsed_s": round(elapsed, 3),
+        "exit_code": None, "stop": tally.stop and tally.stop.value, "elapsed_s": round(elapsed, 3),
         "requests": tally.requests, "passes": cfg.passes, "unreachable": tally.down,
         "counts": {"input": total, "duplicates": duplicates,
                    "done": total - counts["unavailable"] - counts["failed"] - pending,
@@ -2927,45 +2987,43 @@ def summarize(report: dict) -> list:
 
 
 def exit_code(report: dict) -> ExitCode:
-    stops = {"fatal": ExitCode.FATAL, "interrupted": ExitCode.INTERRUPTED, "terminated": ExitCode.TERMINATED,
-             "unreachable": ExitCode.UNREACHABLE, "crash": ExitCode.SOFTWARE, "hung up": ExitCode.HANGUP,
-             "misconfigured": ExitCode.FATAL}
-    if report["stop"] in stops:
-        return stops[report["stop"]]
+    stop = Stop(report["stop"]) if report["stop"] else None
+    if stop and stop.code is not None:
+        return stop.code
     unsettled = report["counts"]["failed"] + report["counts"]["pending"]
     return ExitCode.INCOMPLETE if unsettled else ExitCode.OK
 
 
 def stop_lines(tally: Tally, cfg: Config, redact: Redactor) -> list:
     """What to say about a run that stopped early, and what to do next."""
-    if tally.stop == "fatal":
+    if tally.stop is Stop.FATAL:
         out = tally.fatal
         return [f"redrive: halted: {out.error} for {redact(shown_id(tally.fatal_id))!r} "
                 f"({redact(redact_url(build_url(cfg.url, tally.fatal_id)))})",
                 f"  body: {out.excerpt!r}",
                 "  nothing was marked failed; fix the key or the account, then rerun the same command to resume"]
-    if tally.stop in ("interrupted", "terminated", "hung up"):
-        return [f"redrive: {tally.stop}; {tally.abandoned} request(s) still in flight were left pending; "
+    if tally.stop in SIGNAL_STOPS:
+        return [f"redrive: {tally.stop.value}; {tally.abandoned} request(s) still in flight were left pending; "
                 "rerun the same command to resume"]
     down = tally.down and f"{tally.down['host']} unreachable ({tally.down['reason']}) since {tally.down['since']}"
-    if tally.stop == "time":
+    if tally.stop is Stop.TIME:
         return [f"redrive: --max-time {cfg.max_time:g} s reached; rerun the same command to resume"] + \
             ([f"  {down}, {tally.down['probes']} probes failed so far"] if down else [])
-    if tally.stop == "unreachable":
+    if tally.stop is Stop.UNREACHABLE:
         return [f"redrive: stopped: {down}, {tally.down['probes']} probes failed",
                 "  nothing was marked failed; rerun the same command once it is back"]
-    if tally.stop == "later":
+    if tally.stop is Stop.LATER:
         return [f"redrive: nothing is due before {iso(tally.due)}, beyond this run's reach "
                 f"(--max-backoff, --cooldown{', --max-time' if cfg.max_time else ''}); "
                 "rerun the same command after then"]
-    if tally.stop == "misconfigured":
+    if tally.stop is Stop.MISCONFIGURED:
         m = tally.misconfigured
         url = redact(redact_url(build_url(cfg.url, m["id"])))
         return [f"redrive: halted: the first {m['answers']} answers were all {m['sign']}, e.g. {cfg.method} {url} "
                 f"-> {m['sign']}; is --url (or the ids file) right?",
                 "  nothing was marked failed or unavailable; fix it and rerun (no id is done yet, so a changed "
                 "--url is taken), or give --no-guard if such answers are expected"]
-    if tally.stop == "crash":
+    if tally.stop is Stop.CRASH:
         crash = tally.crash
         where = f" on id {redact(shown_id(crash['id']))!r}" if crash["id"] is not None else ""
         return [f"redrive: internal error{where}: {redact(crash['error'])[:300]}; the traceback is in "
@@ -3374,23 +3432,22 @@ class StopSignals:
     """SIGINT, SIGTERM and SIGHUP ask the batch to stop; a second one exits at once.
     Every line is already written with os.write, so nothing flushed is lost."""
 
-    CODES = {signal.SIGINT: ("interrupted", ExitCode.INTERRUPTED),
-             signal.SIGTERM: ("terminated", ExitCode.TERMINATED),
-             **({signal.SIGHUP: ("hung up", ExitCode.HANGUP)} if hasattr(signal, "SIGHUP") else {})}
+    STOPS = {signal.SIGINT: Stop.INTERRUPTED, signal.SIGTERM: Stop.TERMINATED,
+             **({signal.SIGHUP: Stop.HUNG_UP} if hasattr(signal, "SIGHUP") else {})}
 
     def __init__(self, batch: Batch):
         self.batch, self.saved, self.seen = batch, {}, False
 
     def handle(self, signum, frame):
-        why, code = self.CODES[signum]
+        stop = self.STOPS[signum]
         if self.seen:
-            os._exit(int(code))
+            os._exit(int(stop.code))
         self.seen = True
-        self.batch.request_stop(why)
+        self.batch.request_stop(stop)
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            for signum in self.CODES:
+            for signum in self.STOPS:
                 self.saved[signum] = signal.signal(signum, self.handle)
         return self
 

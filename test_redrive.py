@@ -25,7 +25,7 @@ from urllib.parse import unquote, urlsplit
 import pytest
 
 import redrive
-from redrive import Bucket, Config, Effects, ExitCode
+from redrive import Bucket, Config, Effects, ExitCode, Outcome
 
 HERE = Path(__file__).resolve().parent
 SECRET = "s3cr3t-key-value-0042"
@@ -360,6 +360,55 @@ def test_classify_status_default_buckets(status, bucket):
 ])
 def test_backoff_delay_doubles_with_equal_jitter_and_cap(attempt, rand, expected):
     assert redrive.backoff_delay(attempt, 1.0, 60.0, lambda: rand) == expected
+
+
+R, S, OKB = Bucket.RETRYABLE, Bucket.SKIP, Bucket.OK
+OVER = "503, asked to wait 120 s (over --max-backoff 60 s)"
+
+
+@pytest.mark.parametrize("row, out, tries, pass_no, paced, stopping, move, wait, error", [
+    ("a success", dict(bucket=OKB, status=200), 1, 1, False, False, "DONE", 0.0, None),
+    ("a fatal answer", dict(bucket=Bucket.FATAL, status=401), 1, 1, False, False, "HALT", 0.0, None),
+    ("a 404", dict(bucket=S, status=404, error="404"), 1, 1, False, False, "UNAVAILABLE", 0.0, "404"),
+    ("a 404 while stopping", dict(bucket=S, status=404, error="404"), 1, 1, False, True, "UNAVAILABLE", 0.0, "404"),
+    ("a 500, first try", dict(bucket=R, status=500), 1, 1, False, False, "RETRY", 0.75, None),
+    ("a 500, second try", dict(bucket=R, status=500), 2, 1, False, False, "RETRY", 1.5, None),
+    ("a 500 in pass 2", dict(bucket=R, status=500), 1, 2, False, False, "RETRY", 0.75, None),
+    ("a Retry-After", dict(bucket=R, status=503, retry_after=7.0), 1, 1, False, False, "RETRY", 7.0, None),
+    ("a plain 429, paced host", dict(bucket=R, status=429), 1, 1, True, False, "RETRY", 0.0, None),
+    ("a plain 429, new host", dict(bucket=R, status=429), 1, 1, False, False, "RETRY", 0.75, None),
+    ("a plain 503, paced host", dict(bucket=R, status=503), 1, 1, True, False, "RETRY", 0.75, None),
+    ("tries spent, pass 1", dict(bucket=R, status=500, error="500"), 5, 1, False, False, "FAIL", 30.0, "500"),
+    ("tries spent, longer Retry-After", dict(bucket=R, status=503, retry_after=45.0), 5, 1, False, False,
+     "FAIL", 45.0, None),
+    ("tries spent, last pass", dict(bucket=R, status=500, error="500"), 5, 2, False, False, "GIVE_UP", 0.0, "500"),
+    ("Retry-After past --max-backoff", dict(bucket=R, status=503, error="503", retry_after=120.0), 1, 1,
+     False, False, "FAIL", 120.0, OVER),
+    ("the same in the last pass", dict(bucket=R, status=503, error="503", retry_after=120.0), 1, 2,
+     False, False, "GIVE_UP", 0.0, OVER),
+    ("a 500 while stopping", dict(bucket=R, status=500), 1, 1, False, True, "LEAVE", 0.0, None),
+])
+def test_next_step_decides_each_outcome(row, out, tries, pass_no, paced, stopping, move, wait, error):
+    cfg = Config(Path("i"), Path("s"))
+    step = redrive.next_step(Outcome(**out), tries, pass_no, cfg, paced, stopping, lambda: 0.5)
+    assert (step.move, step.wait) == (redrive.Move[move], wait), row
+    if error is not None:
+        assert step.outcome.error == error, row
+
+
+@pytest.mark.parametrize("method, unsafe_ok, out, move, bucket", [
+    ("POST", False, dict(bucket=R, status=500, error="500"), "UNAVAILABLE", S),  # it may have been done
+    ("POST", False, dict(bucket=R, status=503, error="503"), "RETRY", None),  # 503: not processed
+    ("POST", False, dict(bucket=R, error="refused", unreached=True), "RETRY", None),  # never sent
+    ("POST", True, dict(bucket=R, status=500, error="500"), "RETRY", None),  # --retry-unsafe
+    ("PUT", False, dict(bucket=R, status=500, error="500"), "RETRY", None),  # idempotent
+])
+def test_next_step_never_repeats_a_post_that_may_have_been_processed(method, unsafe_ok, out, move, bucket):
+    cfg = Config(Path("i"), Path("s"), method=method, retry_unsafe=unsafe_ok)
+    step = redrive.next_step(Outcome(**out), 1, 1, cfg, False, False, lambda: 0.5)
+    assert step.move is redrive.Move[move]
+    if bucket is not None:
+        assert step.outcome.bucket is bucket and step.outcome.error == "may have been processed (500)"
 
 
 NOW = 1_700_000_000.0
