@@ -2383,53 +2383,41 @@ class Tally:
         self.per_pass.setdefault(pass_no, Counter())[what] += 1
 
 
-class Batch:
-    """Runs the passes: schedules ids by the time they become ready, behind
-    their host's gate. Workers fetch, settle their outcome and take their
-    next id under one lock; the main thread keeps time and stops the run."""
+class Schedule:
+    """The run's timeline, with no threads and no clock of its own: ids
+    waiting for their time (a heap), ids whose time has come queued behind
+    their host's gate (see Host), the hosts in round robin, the --rate slot
+    and the requests in flight. It answers "which id may start now" (take)
+    and "when may the next" (next_wake)."""
 
-    def __init__(self, cfg: Config, ledger: Ledger, state: State, fx: Effects, redact: Redactor, progress):
-        self.cfg, self.ledger, self.state, self.fx = cfg, ledger, state, fx
-        self.redact, self.progress = redact, progress
-        self.counts = Counter()  #: done, unavailable, awaiting (a later pass): for the progress line
-        self.heap, self.seq = [], itertools.count()  #: items waiting for their time
-        self.hosts, self.active = {}, deque()  #: Host by name; hosts with ready items, round robin
-        self.host_settings = HostSettings()
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.heap, self.seq = [], itertools.count()  #: (ready_at, seq, item): ids waiting for their time
+        self.hosts, self.active = {}, deque()  #: Host by name; hosts with ready ids, round robin
         self.next_slot = 0.0  #: --rate: when the next request may start
-        self.fixed_host = None if "{id}" in urlsplit(cfg.url).netloc or cfg.url == "{id}" else \
-            host_of(cfg.url, "")
-        self.api = shown_host(cfg.url)  #: the fixed host, as messages name it
-        self.jobs = queue.SimpleQueue()  #: ids for idle workers, None to end
-        self.wake = Wake()  #: for the main thread; set() is safe in a signal handler
-        self.watchdog = Watchdog()
-        self.lock = threading.Lock()  #: guards the schedule, the tallies and the ledger
-        self.closed, self.failure = False, None
         self.inflight = 0
-        self.tally = Tally()
-        self.stop_at = None  # clock time to give up on requests in flight
-        self.end_at = None if cfg.max_time is None else fx.clock() + cfg.max_time
-        self.sleep = fx.sleep or self.wake.wait
-        self.started_passes = set()
-        self.last_due = 0.0  #: when the last id scheduled for a later pass is due (for the ETA)
-        self.guard = Guard(0)  #: off until plan() arms it
-        self.wakes_at = 0.0  #: when the main thread looks again, unless woken
+        self.fixed_host = None if "{id}" in urlsplit(cfg.url).netloc or cfg.url == "{id}" else \
+            host_of(cfg.url, "")  #: the one host every id goes to, if the template says so
 
-    # -- scheduling
-
-    def schedule(self, item: Item, ready_at: float) -> None:
-        """Put an id on the timeline: ready now goes to its host's queue."""
-        if item.pass_no > 1 and item.tries == 0:
-            self.counts["awaiting"] += 1
-            self.last_due = max(self.last_due, ready_at)
+    def add(self, item: Item, ready_at: float, now: float) -> None:
+        """An id due at `ready_at`: if that is now, it goes to its host's queue."""
         if not item.host:
             item.host = self.fixed_host or host_of(self.cfg.url, item.id)
-        if ready_at <= self.fx.clock():
+        if ready_at <= now:
             self._make_ready(item)
         else:
             heapq.heappush(self.heap, (ready_at, next(self.seq), item))
 
     def pending(self) -> int:
         return len(self.heap) + sum(len(self.hosts[name].ready) for name in self.active)
+
+    def empty(self) -> bool:
+        """Nothing waiting, ready or in flight."""
+        return not (self.heap or self.active or self.inflight)
+
+    def next_due(self) -> Optional[float]:
+        """When the first id waiting for its time is due (None: none waits)."""
+        return self.heap[0][0] if self.heap else None
 
     def _make_ready(self, item: Item) -> None:
         host = self.hosts.get(item.host)
@@ -2458,13 +2446,89 @@ class Batch:
                 return host
         return None
 
-    def _next_wake(self, now: float) -> Optional[float]:
+    def take(self, now: float) -> Optional[Item]:
+        """The next id whose time has come and whose host lets it through,
+        started (in flight from now); None when there is none."""
+        self._promote(now)
+        if self.inflight >= self.cfg.concurrency or self.next_slot > now or not self.active:
+            return None
+        host = self._open_host(now)
+        if host is None:
+            return None
+        item = host.ready.popleft()
+        if not host.ready:
+            self.active.remove(item.host)
+        host.start(now)
+        item.sent = now
+        if self.cfg.rate:
+            self.next_slot = max(self.next_slot, now) + 1.0 / self.cfg.rate
+        self.inflight += 1
+        return item
+
+    def next_wake(self, now: float) -> Optional[float]:
         """When something may be started next: an id's time, a gate, the --rate slot."""
         times = [self.heap[0][0]] if self.heap else []
         if self.inflight < self.cfg.concurrency:
             gates = (self.hosts[name].opens_at(now) for name in self.active)
             times += [max(t, self.next_slot) for t in gates if t is not None]
         return min(times) if times else None
+
+    def settled(self, item: Item, now: float) -> None:
+        """The id's attempt is settled: a host as new is forgotten (ids on a
+        million hosts keep no million gates)."""
+        if self.hosts[item.host].forgettable(now, self.cfg.concurrency):
+            del self.hosts[item.host]
+
+    def gate_opens(self, name: str, now: float) -> Optional[float]:
+        """When host `name` lets its next ready id through (None: it has none, or is full)."""
+        host = self.hosts.get(name)
+        return host.opens_at(now) if host is not None and host.ready else None
+
+    def paused_until(self) -> float:
+        """The latest pause of a host with ids ready (0: none is paused)."""
+        return max((self.hosts[name].paused_until for name in self.active), default=0.0)
+
+
+class Batch:
+    """Runs the passes: schedules ids by the time they become ready, behind
+    their host's gate. Workers fetch, settle their outcome and take their
+    next id under one lock; the main thread keeps time and stops the run."""
+
+    def __init__(self, cfg: Config, ledger: Ledger, state: State, fx: Effects, redact: Redactor, progress):
+        self.cfg, self.ledger, self.state, self.fx = cfg, ledger, state, fx
+        self.redact, self.progress = redact, progress
+        self.counts = Counter()  #: done, unavailable, awaiting (a later pass): for the progress line
+        self.timeline = Schedule(cfg)
+        self.host_settings = HostSettings()
+        self.api = shown_host(cfg.url)  #: the fixed host, as messages name it
+        self.jobs = queue.SimpleQueue()  #: ids for idle workers, None to end
+        self.wake = Wake()  #: for the main thread; set() is safe in a signal handler
+        self.watchdog = Watchdog()
+        self.lock = threading.Lock()  #: guards the schedule, the tallies and the ledger
+        self.closed, self.failure = False, None
+        self.tally = Tally()
+        self.stop_at = None  # clock time to give up on requests in flight
+        self.end_at = None if cfg.max_time is None else fx.clock() + cfg.max_time
+        self.sleep = fx.sleep or self.wake.wait
+        self.started_passes = set()
+        self.last_due = 0.0  #: when the last id scheduled for a later pass is due (for the ETA)
+        self.guard = Guard(0)  #: off until plan() arms it
+        self.wakes_at = 0.0  #: when the main thread looks again, unless woken
+
+    def schedule(self, item: Item, ready_at: float) -> None:
+        """Put an id on the timeline (see Schedule.add), counted if it waits for a later pass."""
+        if item.pass_no > 1 and item.tries == 0:
+            self.counts["awaiting"] += 1
+            self.last_due = max(self.last_due, ready_at)
+        self.timeline.add(item, ready_at, self.fx.clock())
+
+    def snapshot(self) -> Snapshot:
+        """The status line's figures (the lock held)."""
+        timeline, counts = self.timeline, self.counts
+        idle = not (timeline.inflight or timeline.active)
+        return Snapshot(self.tally.requests, counts["done"], counts["unavailable"], counts["awaiting"],
+                        self.last_due, max(self.started_passes, default=1), timeline.paused_until(),
+                        timeline.next_due() if idle else None)
 
     def request_stop(self, why: Stop) -> None:
         """Stop starting requests; wait a little for those in flight.
@@ -2499,7 +2563,7 @@ class Batch:
                         break
                     timeout = self._timeout()
                     self.wakes_at = self.fx.clock() + bounded_wait(timeout)
-                    idle = not self.inflight
+                    idle = not self.timeline.inflight
                     if idle:
                         self.ledger.sync()  # about to idle: a good moment to make the state durable
                 (self.sleep if idle else self.wake.wait)(timeout)
@@ -2511,7 +2575,7 @@ class Batch:
         finally:
             with self.lock:
                 self.closed = True  # a worker that finishes now records nothing
-                self.tally.abandoned = self.inflight
+                self.tally.abandoned = self.timeline.inflight
             for _ in workers:
                 self.jobs.put(None)
             self.watchdog.close()
@@ -2519,17 +2583,18 @@ class Batch:
 
     def _tend(self) -> bool:
         """One look at the run: sync, progress, deadline, start work. False: it is over."""
-        if not (self.heap or self.active or self.inflight):
+        timeline = self.timeline
+        if timeline.empty():
             return self._release_held()  # a retry it schedules keeps the run going
         self.ledger.sync_if_due()
-        self.progress.tick(self)
+        self.progress.tick(self.snapshot)
         if self.end_at is not None and not self.tally.stop and self.fx.clock() >= self.end_at:
             self.request_stop(Stop.TIME)
-        if not (self.tally.stop or self.inflight or self.active) and self._beyond_reach(self.heap[0][0]):
-            self.tally.due = self.fx.wallclock() + self.heap[0][0] - self.fx.clock()
+        if not (self.tally.stop or timeline.inflight or timeline.active) and self._beyond_reach(timeline.next_due()):
+            self.tally.due = self.fx.wallclock() + timeline.next_due() - self.fx.clock()
             self.request_stop(Stop.LATER)
         if self.tally.stop:
-            if self.inflight and self.fx.clock() < self.stop_at:
+            if timeline.inflight and self.fx.clock() < self.stop_at:
                 return True
             self._release_held()  # the run is over whatever it leaves: nothing is scheduled after a stop
             return False
@@ -2544,7 +2609,7 @@ class Batch:
             return False
         for held, out in self.guard.release():
             self.settle(held, out)
-        return bool(self.heap or self.active)
+        return bool(self.timeline.heap or self.timeline.active)
 
     def _beyond_reach(self, due: float) -> bool:
         """Waiting for this would keep a cron run alive for nothing: the first
@@ -2556,7 +2621,7 @@ class Batch:
 
     def _hand_out(self) -> None:
         """Give idle workers every id that may start now."""
-        while self.inflight < self.cfg.concurrency:
+        while self.timeline.inflight < self.cfg.concurrency:
             item = self._take_ready()
             if item is None:
                 break
@@ -2566,41 +2631,30 @@ class Batch:
         """How long the main thread may wait before it must look again."""
         now = self.fx.clock()
         limits = [self.stop_at] if self.tally.stop else []
-        wake = None if self.tally.stop else self._next_wake(now)
+        wake = None if self.tally.stop else self.timeline.next_wake(now)
         if wake is not None:
             limits.append(wake)
         if self.end_at is not None and not self.tally.stop:
             limits.append(self.end_at)
         timeout = max(0.0, min(limits) - now) if limits else None
-        real = self.inflight or self.fx.sleep is None  # injected sleeps stay exact in tests
+        inflight = self.timeline.inflight
+        real = inflight or self.fx.sleep is None  # injected sleeps stay exact in tests
         for due in (self.ledger.seconds_to_sync(), self.progress.due_in()) if real else ():
             if due is not None:
                 timeout = due if timeout is None else min(timeout, due)
-        return timeout if self.inflight else (timeout or 0.0)
+        return timeout if inflight else (timeout or 0.0)
 
     def _take_ready(self) -> Optional[Item]:
         """The next id whose time has come and whose host lets it through, now."""
-        now = self.fx.clock()
-        self._promote(now)
-        if self.tally.stop or self.closed or self.inflight >= self.cfg.concurrency or self.next_slot > now:
+        item = None if self.tally.stop or self.closed else self.timeline.take(self.fx.clock())
+        if item is None:
             return None
-        host = self._open_host(now) if self.active else None
-        if host is None:
-            return None
-        item = host.ready.popleft()
-        if not host.ready:
-            self.active.remove(item.host)
-        host.start(now)
-        item.sent = now
-        if self.cfg.rate:
-            self.next_slot = max(self.next_slot, now) + 1.0 / self.cfg.rate
         if item.pass_no > 1 and item.tries == 0:
             self.counts["awaiting"] -= 1
         if item.pass_no not in self.started_passes:
             self.started_passes.add(item.pass_no)
             if item.pass_no > 1:
                 self.progress.say(f"redrive: pass {item.pass_no}: re-driving ids that failed pass {item.pass_no - 1}")
-        self.inflight += 1
         self.tally.requests += 1
         return item
 
@@ -2621,7 +2675,7 @@ class Batch:
                 self.failure, item = exc, None
             except Exception as exc:
                 with self.lock:
-                    self.inflight -= not fetched  # _finish counts it out itself
+                    self.timeline.inflight -= not fetched  # _finish counts it out itself
                     self.crashed(exc, item)
                 item = None
             if item is None:
@@ -2632,7 +2686,7 @@ class Batch:
         """Settle one outcome (the lock held); return this worker's next id, if any."""
         if self.closed:
             return None
-        self.inflight -= 1
+        self.timeline.inflight -= 1
         if self.tally.crash:
             return None  # the run is stopping for a bug: settle nothing more
         if self.observe(item, outcome):
@@ -2645,13 +2699,11 @@ class Batch:
                 self.request_stop(Stop.MISCONFIGURED)
         else:
             self.settle(item, outcome)
-        host = self.hosts[item.host]
-        if host.forgettable(self.fx.clock(), self.cfg.concurrency):
-            del self.hosts[item.host]  # ids on a million hosts keep no million gates
+        self.timeline.settled(item, self.fx.clock())
         mine = self._take_ready()
         if mine is not None:
             self._hand_out()  # a success may have widened the gate: fill it now, not at the next tick
-        opens = host.opens_at(self.fx.clock()) if host.ready else None
+        opens = self.timeline.gate_opens(item.host, self.fx.clock())
         if opens is not None and opens < self.wakes_at:
             self.wake.set()  # the gate opens before the main thread looks again (a spent quota came back)
         return mine
@@ -2662,8 +2714,8 @@ class Batch:
         """What an outcome says about its host: doing fine, slow down, or down.
         True when the attempt does not count against the id: it never reached
         the API's one host, so it says nothing about the id."""
-        host, now = self.hosts[item.host], self.fx.clock()
-        if out.unreached and self.fixed_host:
+        host, now = self.timeline.hosts[item.host], self.fx.clock()
+        if out.unreached and self.timeline.fixed_host:
             self._unreachable(host, out, now)
             return True
         if host.down_since is not None:
@@ -2708,7 +2760,7 @@ class Batch:
     def settle(self, item: Item, out: Outcome) -> None:
         """Apply what one attempt means for its id (see next_step)."""
         item.tries += 1
-        host = self.hosts.get(item.host)
+        host = self.timeline.hosts.get(item.host)
         step = next_step(out, item.tries, item.pass_no, self.cfg, bool(host and host.rate),
                          bool(self.tally.stop), self.fx.rand)
         if step.move is Move.DONE:
@@ -2806,6 +2858,20 @@ def settle_exhausted(item_id, last, ledger, state, cfg, wall) -> None:
 # ----------------------------------------------------------------- report
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """What the status line shows, taken from the batch under its lock."""
+
+    requests: int
+    done: int
+    unavailable: int
+    awaiting: int  #: ids failed in a pass, waiting for the next
+    last_due: float  #: when the last of them is due
+    pass_no: int
+    paused_until: float  #: the latest pause of a host with ids ready
+    waiting_until: Optional[float]  #: nothing in flight or ready: when the next id is due
+
+
 class Progress:
     """The status line on stderr: rewritten in place a few times a second on
     a terminal, one plain line every 30 s anywhere else, nothing with -q."""
@@ -2833,47 +2899,46 @@ class Progress:
             columns = 0
         return columns or shutil.get_terminal_size((100, 24)).columns  # 0: a terminal that does not say
 
-    def tick(self, batch: "Batch") -> None:
+    def tick(self, snapshot: Callable[[], Snapshot]) -> None:
         now = self.clock()
         if self.quiet or now < self.next_at:
             return
         self.next_at = now + self.interval
-        line = self.render(batch, now)
+        line = self.render(snapshot(), now)
         if self.tty:  # one row, or every rewrite after a resize leaves a stale wrapped line behind
             line = line[:max(10, self.width() - 1)]
         self.stream.write(f"\r{line}\x1b[K" if self.tty else f"redrive: {line}\n")
         self.stream.flush()
         self.shown = self.tty
 
-    def render(self, batch: "Batch", now: float) -> str:
-        done, unavailable = batch.counts["done"], batch.counts["unavailable"]
-        self.window.append((now, batch.tally.requests, done + unavailable))
+    def render(self, snap: Snapshot, now: float) -> str:
+        done, unavailable = snap.done, snap.unavailable
+        self.window.append((now, snap.requests, done + unavailable))
         recent = [w for w in self.window if now - w[0] <= self.span]
         self.window = recent if len(recent) > 1 else self.window[-2:]  # at least since the last line
         span = max(now - self.window[0][0], 1e-9)
         rate = (self.window[-1][1] - self.window[0][1]) / span
         settling = (self.window[-1][2] - self.window[0][2]) / span
-        parts = [f"pass {max(batch.started_passes, default=1)}", f"{done}/{self.total} done",
-                 f"{unavailable} unavailable", f"{batch.counts['awaiting']} failed",
+        parts = [f"pass {snap.pass_no}", f"{done}/{self.total} done",
+                 f"{unavailable} unavailable", f"{snap.awaiting} failed",
                  f"{rate:.1f} req/s" if rate >= 1 or not rate else f"{rate:.2f} req/s"]
-        paused = max((batch.hosts[name].paused_until for name in batch.active), default=0.0)
-        if paused - now >= 0.5:
-            parts.append(f"throttled, pausing {duration(paused - now)}")
-        elif not batch.inflight and not batch.active and batch.heap and batch.heap[0][0] - now >= 0.5:
-            parts.append(f"waiting {duration(batch.heap[0][0] - now)}")
+        if snap.paused_until - now >= 0.5:
+            parts.append(f"throttled, pausing {duration(snap.paused_until - now)}")
+        elif snap.waiting_until is not None and snap.waiting_until - now >= 0.5:
+            parts.append(f"waiting {duration(snap.waiting_until - now)}")
         left = self.total - done - unavailable
         if left:
-            parts.append(f"ETA {self.eta(left, settling, batch, now)}")
+            parts.append(f"ETA {self.eta(left, settling, snap, now)}")
         return ", ".join(parts)
 
     @staticmethod
-    def eta(left: int, settling: float, batch: "Batch", now: float) -> str:
+    def eta(left: int, settling: float, snap: Snapshot, now: float) -> str:
         """Time to the end: the ids left at the pace they settle, but no sooner
         than the last id waiting for a later pass is due, plus its own turn."""
         if settling <= 0:
             return "not known yet"
-        awaiting = batch.counts["awaiting"]
-        later = max(0.0, batch.last_due - now) + awaiting / settling if awaiting else 0.0
+        awaiting = snap.awaiting
+        later = max(0.0, snap.last_due - now) + awaiting / settling if awaiting else 0.0
         return duration(max(left / settling, later))
 
     def say(self, line: str) -> None:
@@ -3489,9 +3554,9 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
             progress = Progress(err, len(ids), fx.clock, cfg.quiet)
             batch = Batch(cfg, ledger, state, fx, redact, progress)
             rest = plan(ids, state, cfg, batch, ledger, fx)
-            if cfg.guard and fresh and batch.pending() >= GUARD_MIN:  # nothing done yet: is the set-up right?
-                batch.guard = Guard(min(GUARD_SAMPLE, batch.pending()))
-            progress.say(f"redrive: {len(ids)} ids, {batch.pending()} to fetch, state in {cfg.state_dir}")
+            if cfg.guard and fresh and batch.timeline.pending() >= GUARD_MIN:  # nothing done yet: is the set-up right?
+                batch.guard = Guard(min(GUARD_SAMPLE, batch.timeline.pending()))
+            progress.say(f"redrive: {len(ids)} ids, {batch.timeline.pending()} to fetch, state in {cfg.state_dir}")
             with StopSignals(batch):
                 try:
                     tally = batch.run()

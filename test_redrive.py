@@ -2129,7 +2129,7 @@ def test_idle_hosts_are_forgotten_and_throttled_ones_kept(server, tmp_path):
            *(f"http://localhost:{port}/items/t{n}" for n in (1, 2, 3, 4))]
     batch = run_batch(tmp_path, ids, "--concurrency", "1", "--backoff", "0")
     assert server.hits == Counter({"a": 1, "b": 1, "t1": 2, "t2": 2, "t3": 2, "t4": 2})
-    assert list(batch.hosts) == [f"localhost:{port}"]  # the 127.0.0.1 gate was as new: gone
+    assert list(batch.timeline.hosts) == [f"localhost:{port}"]  # the 127.0.0.1 gate was as new: gone
 
 
 def test_an_answer_that_opens_a_gate_early_wakes_the_main_thread(tmp_path):
@@ -2137,7 +2137,7 @@ def test_an_answer_that_opens_a_gate_early_wakes_the_main_thread(tmp_path):
     batch, ledger, fake = planned_batch(tmp_path, ids, "--url", "http://127.0.0.1:9/items/{id}", "--no-guard")
     try:
         probe = batch._take_ready()
-        host = batch.hosts[probe.host]
+        host = batch.timeline.hosts[probe.host]
         host.rate, host.peak, host.reacted_at, host.slow_start = 10.0, 10.0, fake.now, False
         host.starved_since = fake.now  # out of quota: one probe at a time
         assert batch._take_ready() is None
