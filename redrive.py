@@ -236,6 +236,13 @@ MIN_RATE = 0.5
 #: against the ids again: a host that refuses all for ever cannot keep a run alive.
 PROBE_FIRST = 0.1
 
+#: Long windows with no Retry-After come round at a period: from one window's
+#: opening (a probe taken after a long spell of refusals) to the next. Once
+#: it is known, the probes wait until PERIOD_SLACK x the period before the
+#: next opening is due, then step by PERIOD_SLACK x the period: a few probes
+#: a window, not one for each quarter of the time refused so far.
+PERIOD_SLACK = 0.02
+
 #: ALLOWANCE: a long quota window (so many requests a minute or an hour) ends
 #: with a Retry-After over SHORT_PAUSE, or a spell of refusing everything
 #: longer than SHORT_PAUSE. All the requests in flight then are refused. What
@@ -993,6 +1000,9 @@ class Host:
     allowance: Optional[int] = None  #: what the last long window took: past it, one probe at a time
     opened_oks: int = 0  #: oks when the current long window opened
     sent_in_window: int = 0  #: requests started since then
+    opened: Optional[float] = None  #: when the current long window opened, found by a probe
+    period: Optional[float] = None  #: seconds from the long window before to this one
+    spread: float = 0.0  #: how late the probe may have found this one: the time since the last refused
     unreached: int = 0  #: requests in a row that never reached the host
     down_since: Optional[float] = None  #: when it was taken as down
     probes: int = 0  #: probes that failed since then
@@ -1027,6 +1037,8 @@ class Host:
                 self.spells.append((self.starved_since, now, self.oks))
                 if now - self.starved_since > SHORT_PAUSE:  # a long window's end: this probe is the next one's first
                     self.long_window_ends(sent=1)
+                    self.period = now - (self.first_answer if self.opened is None else self.opened)
+                    self.opened, self.spread = now, now - self.reacted_at
             self.run, self.last_ok, self.starved_since = 0, now, None
             self.oks += 1
             if self.allowance is not None and self.oks - self.opened_oks > self.allowance:
@@ -1107,14 +1119,32 @@ class Host:
         if (starved or ended and wait is None) and self.starved_since is None:
             self.starved_since = now
         if (starved or ended) and wait is None:
-            pause = max(PROBE_FIRST, STARVED_SHARE * (now - self.starved_since))
-            self.paused_until = max(self.paused_until, now + min(cap, pause))
+            self.paused_until = max(self.paused_until, now + min(cap, self.probe_pause(now)))
         elif not (starved or ended):
             self.cut(now, before, wait)
         if wait is not None:
             self.window_start = now + wait
         if wait is not None and wait > SHORT_PAUSE and not starved:
             self.long_window_ends(sent=0)
+
+    def probe_pause(self, now: float) -> float:
+        """The pause before the next probe of a host refusing everything with
+        no Retry-After: STARVED_SHARE of the time it has refused so far
+        (PROBE_FIRST at least). When its long windows have a known period
+        (see PERIOD_SLACK), until just before the next is due, then steps
+        of PERIOD_SLACK x the period until a quarter period past it. The
+        last opening may have been found late by its spread: the steps begin
+        that much earlier."""
+        pause = max(PROBE_FIRST, STARVED_SHARE * (now - self.starved_since))
+        if self.period is None:
+            return pause
+        due = self.opened + self.period
+        early = due - PERIOD_SLACK * self.period - self.spread
+        if now < early:
+            return early - now
+        if now < due + STARVED_SHARE * self.period:
+            return min(pause, max(PROBE_FIRST, PERIOD_SLACK * self.period))
+        return pause
 
     def spent(self) -> bool:
         """The long window's allowance is sent (see ALLOWANCE)."""

@@ -2024,6 +2024,25 @@ def test_a_long_spell_of_refusals_without_retry_after_sets_the_allowance_too():
     assert host.allowance == 20 and host.sent_in_window == 1
 
 
+def test_probes_wait_for_the_next_long_window_once_its_period_is_known():
+    host = redrive.Host(limit=8.0, cap=8)
+    answers(host, [n / 100 for n in range(1, 21)])
+    answers(host, [0.21, 0.22, 0.23, 0.24], kind="throttle")  # the cut
+    for t in (0.4, 3.0, 9.0):  # refused: no period known, the pause grows with the time refused
+        host.start(t)
+        host.throttled(t + 0.01, t, None, 60.0)
+    assert host.paused_until == pytest.approx(9.01 + 0.25 * (9.01 - 0.41))
+    answers(host, [10.0])  # the next window opens 9.99 s after the first answer
+    # found at most 0.99 s late: the last probe refused was answered at 9.01
+    assert (host.opened, host.period, host.spread) == (10.0, pytest.approx(9.99), pytest.approx(0.99))
+    host.starved_since = 10.5  # its allowance spent at once
+    slack = redrive.PERIOD_SLACK * 9.99
+    early = 19.99 - slack - 0.99
+    assert host.probe_pause(10.5) == pytest.approx(early - 10.5)  # until just before the next may open
+    assert host.probe_pause(early + 0.01) == pytest.approx(slack)  # then small steps
+    assert host.probe_pause(23.0) == pytest.approx(0.25 * 12.5)  # a quarter period late: as before
+
+
 def test_a_pause_inside_the_second_marks_a_quota_window_for_the_cut():
     host = redrive.Host(limit=8.0, cap=8)
     host.first_answer, host.window_start = 0.0, 1.0  # the last window ended at 1.0
