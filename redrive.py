@@ -2519,6 +2519,69 @@ class Schedule:
         return max((self.hosts[name].paused_until for name in self.active), default=0.0)
 
 
+def unavailable_record(item_id, reason, status, bucket, tries, at, passes) -> dict:
+    return {"id": item_id, "reason": reason, "status": status, "bucket": bucket.value,
+            "tries": tries, "at": iso(at), "action": recommend(bucket, status, reason, passes)}
+
+
+def give_up(record: dict, ledger: Ledger, state: State) -> None:
+    """An id confirmed unavailable: unavailable.jsonl, and the report marks it new."""
+    ledger.record("unavailable.jsonl", record)
+    state.unavailable[record["id"]] = record
+    state.fresh.add(record["id"])
+
+
+class Books:
+    """The run's accounts: each settled step written to the state files and
+    the state in memory, and counted for the status line and the report.
+    Batch calls it under its lock."""
+
+    def __init__(self, cfg: Config, ledger: Ledger, state: State, redact: Redactor,
+                 wallclock: Callable[[], float], tally: "Tally"):
+        self.cfg, self.ledger, self.state, self.redact = cfg, ledger, state, redact
+        self.wallclock, self.tally = wallclock, tally
+        self.counts = Counter()  #: done, unavailable, awaiting (a later pass): for the progress line
+
+    def done(self, item: Item, out: Outcome) -> None:
+        """A success: its line in results.jsonl, then its id in done.txt."""
+        url = build_url(self.cfg.url, item.id)
+        record = {"id": item.id, "url": self.redact(redact_url(url)), "status": out.status,
+                  "fetched_at": iso(self.wallclock())}
+        if out.final_url and out.final_url != url:
+            record["final_url"] = self.redact(redact_url(out.final_url))
+        if out.encoding:
+            record["body_encoding"] = out.encoding
+        line = json.dumps(record, ensure_ascii=False, separators=(",", ":"))
+        self.ledger.success(item.id, f'{line[:-1]},"body":{out.body}}}')  # the body is JSON text already
+        self.state.done.add(item.id)
+        self.counts["done"] += 1
+        self.tally.count(item.pass_no, "done")
+
+    def failed(self, item: Item, step: Step) -> None:
+        """A pass over for the id (FAIL or GIVE_UP): failed.jsonl, then, after its last pass, unavailable.jsonl."""
+        at, out = self.wallclock(), step.outcome
+        record = {"id": item.id, "pass": item.pass_no, "bucket": out.bucket.value, "status": out.status,
+                  "error": out.error, "tries": item.tries, "at": iso(at)}
+        if out.retry_after is not None:
+            record["retry_after"] = out.retry_after
+        if step.move is Move.FAIL:
+            record["due"] = iso(at + step.wait)
+        self.ledger.record("failed.jsonl", record)
+        self.state.failed[item.id] = record
+        if step.move is Move.GIVE_UP:
+            self.unavailable(item, out)
+        else:
+            self.tally.count(item.pass_no, "failed")
+
+    def unavailable(self, item: Item, out: Outcome) -> None:
+        """Confirmed unavailable: unavailable.jsonl, with its reason and the recommended action."""
+        record = unavailable_record(item.id, out.error, out.status, out.bucket, item.tries,
+                                    self.wallclock(), self.cfg.passes)
+        give_up(record, self.ledger, self.state)
+        self.counts["unavailable"] += 1
+        self.tally.count(item.pass_no, "unavailable")
+
+
 class Batch:
     """Runs the passes: schedules ids by the time they become ready, behind
     their host's gate. Workers fetch, settle their outcome and take their
@@ -2527,7 +2590,6 @@ class Batch:
     def __init__(self, cfg: Config, ledger: Ledger, state: State, fx: Effects, redact: Redactor, progress):
         self.cfg, self.ledger, self.state, self.fx = cfg, ledger, state, fx
         self.redact, self.progress = redact, progress
-        self.counts = Counter()  #: done, unavailable, awaiting (a later pass): for the progress line
         self.timeline = Schedule(cfg)
         self.host_settings = HostSettings()
         self.api = shown_host(cfg.url)  #: the fixed host, as messages name it
@@ -2537,6 +2599,8 @@ class Batch:
         self.lock = threading.Lock()  #: guards the schedule, the tallies and the ledger
         self.closed, self.failure = False, None
         self.tally = Tally()
+        self.books = Books(cfg, ledger, state, redact, fx.wallclock, self.tally)
+        self.counts = self.books.counts  #: done, unavailable, awaiting (a later pass): for the progress line
         self.stop_at = None  # clock time to give up on requests in flight
         self.end_at = None if cfg.max_time is None else fx.clock() + cfg.max_time
         self.sleep = fx.sleep or self.wake.wait
@@ -2794,7 +2858,7 @@ class Batch:
         step = next_step(out, item.tries, item.pass_no, self.cfg, bool(host and host.rate),
                          bool(self.tally.stop), self.fx.rand)
         if step.move is Move.DONE:
-            self._succeed(item, out)
+            self.books.done(item, out)
         elif step.move is Move.HALT:
             if not self.tally.fatal:
                 self.tally.fatal, self.tally.fatal_id = out, item.id
@@ -2802,60 +2866,11 @@ class Batch:
         elif step.move is Move.RETRY:
             self.schedule(item, self.fx.clock() + step.wait)
         elif step.move in (Move.FAIL, Move.GIVE_UP):
-            self._fail_pass(item, step)
+            self.books.failed(item, step)
+            if step.move is Move.FAIL:
+                self.schedule(Item(item.id, item.pass_no + 1), self.fx.clock() + step.wait)
         elif step.move is Move.UNAVAILABLE:
-            self._give_up(item, step.outcome)
-
-    def _succeed(self, item: Item, out: Outcome) -> None:
-        url = build_url(self.cfg.url, item.id)
-        record = {"id": item.id, "url": self.redact(redact_url(url)), "status": out.status,
-                  "fetched_at": iso(self.fx.wallclock())}
-        if out.final_url and out.final_url != url:
-            record["final_url"] = self.redact(redact_url(out.final_url))
-        if out.encoding:
-            record["body_encoding"] = out.encoding
-        line = json.dumps(record, ensure_ascii=False, separators=(",", ":"))
-        self.ledger.success(item.id, f'{line[:-1]},"body":{out.body}}}')  # the body is JSON text already
-        self.state.done.add(item.id)
-        self.counts["done"] += 1
-        self.tally.count(item.pass_no, "done")
-
-    def _fail_pass(self, item: Item, step: Step) -> None:
-        """This pass is over for the id: record it, then re-drive it or settle it."""
-        at, out = self.fx.wallclock(), step.outcome
-        record = {"id": item.id, "pass": item.pass_no, "bucket": out.bucket.value, "status": out.status,
-                  "error": out.error, "tries": item.tries, "at": iso(at)}
-        if out.retry_after is not None:
-            record["retry_after"] = out.retry_after
-        if step.move is Move.FAIL:
-            record["due"] = iso(at + step.wait)
-        self.ledger.record("failed.jsonl", record)
-        self.state.failed[item.id] = record
-        if step.move is Move.GIVE_UP:
-            self._give_up(item, out)
-            return
-        self.tally.count(item.pass_no, "failed")
-        self.schedule(Item(item.id, item.pass_no + 1), self.fx.clock() + step.wait)
-
-    def _give_up(self, item: Item, out: Outcome) -> None:
-        record = unavailable_record(item.id, out.error, out.status, out.bucket, item.tries,
-                                    self.fx.wallclock(), self.cfg.passes)
-        give_up(record, self.ledger, self.state)
-        self.counts["unavailable"] += 1
-        self.tally.count(item.pass_no, "unavailable")
-
-
-def unavailable_record(item_id, reason, status, bucket, tries, at, passes) -> dict:
-    return {"id": item_id, "reason": reason, "status": status, "bucket": bucket.value,
-            "tries": tries, "at": iso(at), "action": recommend(bucket, status, reason, passes)}
-
-
-def give_up(record: dict, ledger: Ledger, state: State) -> None:
-    """An id confirmed unavailable: unavailable.jsonl, and the report marks it new."""
-    ledger.record("unavailable.jsonl", record)
-    state.unavailable[record["id"]] = record
-    state.fresh.add(record["id"])
-
+            self.books.unavailable(item, step.outcome)
 
 def plan(ids: list, state: State, cfg: Config, batch: Batch, ledger: Ledger, fx: Effects) -> list:
     """Put every unsettled id on the schedule at the pass it reached; return
