@@ -276,7 +276,6 @@ GUARD_SAMPLE = 20
 GUARD_MIN = 5
 
 #: The reasons transport_failure gives a request that never reached its host.
-UNREACHED_REASONS = frozenset({"connection refused", "host name not found"})
 
 #: Bytes of a redirect's body read before the connection is dropped instead
 #: (requests would read all of it, decompressed: a gzip bomb on a 302).
@@ -388,6 +387,23 @@ NOT_REQUESTED = ("not requested yet", "rerun to continue")
 SIGNAL_STOPS = frozenset({Stop.INTERRUPTED, Stop.TERMINATED, Stop.HUNG_UP})
 
 
+class Cause(Enum):
+    """What kind of failure an Outcome is: what recommend and the report
+    switch on (the error text is for people, and may be reworded)."""
+
+    STATUS = "status"  #: the HTTP status says it all
+    BAD_BODY = "bad body"  #: a 2xx that is no real answer: empty, invalid JSON, a text or field missing
+    TOO_LARGE = "too large"  #: a body over --max-bytes
+    TIMEOUT = "timeout"  #: no whole answer within --timeout
+    UNREACHED = "unreached"  #: the host itself: refused, not found, cannot connect, connect timeout
+    TRANSPORT = "transport"  #: any other failure of the connection, the redirect or the answer's framing
+    DOT_SEGMENT = "dot segment"  #: an id that would be a path step: never sent
+    MAY_HAVE_BEEN_PROCESSED = "may have been processed"  #: a POST that failed past the point of no return
+
+
+CAUSES = frozenset(cause.value for cause in Cause)
+
+
 class Bucket(Enum):
     OK = "ok"
     FATAL = "fatal"
@@ -482,6 +498,7 @@ class Outcome:
     retry_after: Optional[float] = None
     excerpt: str = ""
     unreached: bool = False  #: the request never reached the host: see never_connected
+    cause: Cause = Cause.STATUS  #: what kind of failure, for recommend
 
 
 @dataclass
@@ -544,7 +561,7 @@ def exception_chain(exc: BaseException) -> list:
 
 def transport_failure(exc: BaseException, phase: Phase, timeout: float, chunked: bool = False) -> tuple:
     """Sort a failure of the network, the server or the HTTP libraries into
-    (bucket, short reason). Never raises, whatever the exception.
+    (bucket, cause, short reason). Never raises, whatever the exception.
 
     Order matters: ConnectTimeout is both a ConnectionError and a Timeout,
     RemoteDisconnected both a reset and a bad status line, and a TLS error
@@ -553,27 +570,28 @@ def transport_failure(exc: BaseException, phase: Phase, timeout: float, chunked:
     chain = exception_chain(exc)
     has = functools.partial(chain_has, chain)
     if has(AttemptTimeout):
-        return Bucket.RETRYABLE, f"timeout after {timeout:g} s"
-    where = "redirect target: " if phase is Phase.REDIRECT else ""
+        return Bucket.RETRYABLE, Cause.TIMEOUT, f"timeout after {timeout:g} s"
+    redirect = phase is Phase.REDIRECT
+    where, unreached = ("redirect target: ", Cause.TRANSPORT) if redirect else ("", Cause.UNREACHED)
     if has(requests.exceptions.TooManyRedirects):
-        return Bucket.SKIP, "too many redirects"
-    if phase is Phase.REDIRECT and has(requests.exceptions.InvalidSchema, requests.exceptions.InvalidURL,
-                                         requests.exceptions.MissingSchema, ValueError):
-        return Bucket.SKIP, "redirect to an unsupported URL"
+        return Bucket.SKIP, Cause.TRANSPORT, "too many redirects"
+    if redirect and has(requests.exceptions.InvalidSchema, requests.exceptions.InvalidURL,
+                        requests.exceptions.MissingSchema, ValueError):
+        return Bucket.SKIP, Cause.TRANSPORT, "redirect to an unsupported URL"
     if has(ConnectionRefusedError):
-        return Bucket.RETRYABLE, f"{where}connection refused"
+        return Bucket.RETRYABLE, unreached, f"{where}connection refused"
     if has(socket.gaierror):
-        return Bucket.RETRYABLE, f"{where}host name not found"
+        return Bucket.RETRYABLE, unreached, f"{where}host name not found"
     if has(urllib3.exceptions.NewConnectionError):  # a ConnectTimeoutError too, in urllib3 2
-        return Bucket.RETRYABLE, f"{where}cannot connect"
+        return Bucket.RETRYABLE, unreached, f"{where}cannot connect"
     if has(requests.exceptions.ConnectTimeout, urllib3.exceptions.ConnectTimeoutError):
-        return Bucket.RETRYABLE, f"{where}connect timeout after {timeout:g} s"
+        return Bucket.RETRYABLE, unreached, f"{where}connect timeout after {timeout:g} s"
     if phase is not Phase.BODY and has(ssl.SSLError, urllib3.exceptions.SSLError):
-        return Bucket.SKIP, TLS_ERROR
+        return Bucket.SKIP, Cause.TRANSPORT, TLS_ERROR
     if has(requests.exceptions.Timeout, urllib3.exceptions.TimeoutError, socket.timeout):
-        return Bucket.RETRYABLE, f"timeout after {timeout:g} s"
+        return Bucket.RETRYABLE, Cause.TIMEOUT, f"timeout after {timeout:g} s"
     if phase is Phase.BODY:
-        return Bucket.RETRYABLE, body_failure(chain, chunked)
+        return Bucket.RETRYABLE, Cause.TRANSPORT, body_failure(chain, chunked)
     return answer_failure(chain, where)
 
 
@@ -593,19 +611,19 @@ def chain_has(chain: list, *types) -> bool:
 
 
 def answer_failure(chain: list, where: str) -> tuple:
-    """(bucket, reason) for a connection that failed before a usable answer came."""
+    """(bucket, Cause.TRANSPORT, reason) for a connection that failed before a usable answer came."""
     has = functools.partial(chain_has, chain)
     if has(http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError):
-        return Bucket.RETRYABLE, f"{where}connection dropped before the answer"
+        return Bucket.RETRYABLE, Cause.TRANSPORT, f"{where}connection dropped before the answer"
     if has(http.client.LineTooLong):
-        return Bucket.SKIP, f"{where}an answer with a header line over 64 KiB"
+        return Bucket.SKIP, Cause.TRANSPORT, f"{where}an answer with a header line over 64 KiB"
     if any(type(e) is http.client.HTTPException and "headers" in str(e) for e in chain):
-        return Bucket.SKIP, f"{where}an answer with more than 100 headers"
+        return Bucket.SKIP, Cause.TRANSPORT, f"{where}an answer with more than 100 headers"
     if has(http.client.HTTPException, urllib3.exceptions.ProtocolError):
-        return Bucket.RETRYABLE, f"{where}not an HTTP answer"
+        return Bucket.RETRYABLE, Cause.TRANSPORT, f"{where}not an HTTP answer"
     if has(requests.exceptions.ConnectionError, OSError):
-        return Bucket.RETRYABLE, f"{where}connection error"
-    return Bucket.SKIP, f"{where}request not sendable ({type(chain[0]).__name__})"
+        return Bucket.RETRYABLE, Cause.TRANSPORT, f"{where}connection error"
+    return Bucket.SKIP, Cause.TRANSPORT, f"{where}request not sendable ({type(chain[0]).__name__})"
 
 
 def never_connected(exc: BaseException) -> bool:
@@ -741,7 +759,8 @@ def next_step(out: "Outcome", tries: int, pass_no: int, cfg: "Config", paced: bo
         return Step(Move.UNAVAILABLE, outcome=out)
     if cfg.unsafe and not out.unreached and out.status not in NOT_PROCESSED_STATUSES:
         error = f"{MAY_HAVE_BEEN_PROCESSED} ({out.error})"
-        return Step(Move.UNAVAILABLE, outcome=dataclasses.replace(out, bucket=Bucket.SKIP, error=error))
+        unsafe = dataclasses.replace(out, bucket=Bucket.SKIP, error=error, cause=Cause.MAY_HAVE_BEEN_PROCESSED)
+        return Step(Move.UNAVAILABLE, outcome=unsafe)
     if stopping:
         return Step(Move.LEAVE)
     wait = out.retry_after
@@ -782,20 +801,21 @@ def status_reason(status: int) -> str:
         return f"HTTP {status}"
 
 
-def recommend(bucket: Bucket, status: Optional[int], reason: str, passes: int, many: bool = False) -> str:
+def recommend(bucket: Bucket, status: Optional[int], cause: Cause, reason: str, passes: int,
+              many: bool = False) -> str:
     """The plain-words next step for an id (or, with many, a group of ids) that ends up unavailable."""
     it, item = ("them", "the items") if many else ("it", "the item")
-    if reason.startswith(MAY_HAVE_BEEN_PROCESSED):
+    if cause is Cause.MAY_HAVE_BEEN_PROCESSED:
         return f"may have been processed: check {item} upstream; to send {it} again, " \
                "rerun with --retry-unsafe --retry-unavailable"
-    if reason == DOT_SEGMENT:
+    if cause is Cause.DOT_SEGMENT:
         return f"the URL cannot hold such an id: drop {it} from the input list, or put {{id}} in the query"
     if bucket is Bucket.SKIP:
         if status in (404, 410):
             return f"removed upstream ({status}): drop {it} from the input list"
         if status == 400:
             return "rejected as a bad request (400): check the ids and the --url template"
-        if reason.startswith("body over"):
+        if cause is Cause.TOO_LARGE:
             return "too large to read: raise --max-bytes, then rerun with --retry-unavailable"
         if status is None:
             return "fix the URL or the host, then rerun with --retry-unavailable"
@@ -803,12 +823,12 @@ def recommend(bucket: Bucket, status: Optional[int], reason: str, passes: int, m
     after = f"after {passes} pass{'es' if passes != 1 else ''}"
     if status == 429:
         return f"host still throttling {after}: lower --rate or --concurrency, then rerun with --retry-unavailable"
-    if reason.startswith("timeout"):
+    if cause is Cause.TIMEOUT:
         return f"still timing out {after}: raise --timeout, or rerun later with --retry-unavailable"
-    if status is not None and 200 <= status < 300:
+    if cause is Cause.BAD_BODY:
         return f"still {reason} {after}: look at one response (a login wall, an error page?), " \
                "then rerun with --retry-unavailable"
-    if reason in UNREACHED_REASONS or reason.startswith(("connect timeout", "cannot connect")):
+    if cause is Cause.UNREACHED:
         return f"host not reachable ({reason}) {after}: check the URL's host, " \
                "or rerun with --retry-unavailable once it is back"
     shown = status if status is not None else reason
@@ -1542,6 +1562,7 @@ FIELD_KINDS = {
     "pass": lambda v: _whole(v) and v >= 1,
     "count": lambda v: _whole(v) and v >= 0,
     "bucket": lambda v: v in ("ok", "fatal", "retryable", "skip"),
+    "cause": lambda v: v in CAUSES,
     "time": _when,
     "stamp": lambda v: isinstance(v, str) and ISO_TIME.fullmatch(v) is not None,
     "seconds": lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e10),
@@ -1552,10 +1573,35 @@ RECORD_FIELDS = {
     "results.jsonl": ({"id": "text", "url": "text", "status": "code", "fetched_at": "text"},
                       {"final_url": "text", "body_encoding": "text"}),
     "failed.jsonl": ({"id": "text", "pass": "pass", "bucket": "bucket", "status": "status", "error": "text",
-                      "tries": "count", "at": "time"}, {"retry_after": "seconds", "due": "time"}),
+                      "tries": "count", "at": "time"}, {"retry_after": "seconds", "due": "time", "cause": "cause"}),
     "unavailable.jsonl": ({"id": "text", "reason": "text", "status": "status", "bucket": "bucket", "tries": "count",
-                           "at": "stamp", "action": "text"}, {}),
+                           "at": "stamp", "action": "text"}, {"cause": "cause"}),
 }
+
+
+def record_cause(record: dict) -> Cause:
+    """The cause of a failed.jsonl or unavailable.jsonl record (or a report
+    row). Records written before causes were recorded have none: it is read
+    from their reason and status, as redrive wrote them then."""
+    if record.get("cause") is not None:
+        return Cause(record["cause"])
+    reason, status = record.get("reason", record.get("error", "")), record["status"]
+    for cause, test in LEGACY_CAUSES:
+        if test(reason, status):
+            return cause
+    return Cause.STATUS if status is not None else Cause.TRANSPORT
+
+
+#: How a record with no "cause" field shows its cause (see record_cause).
+LEGACY_CAUSES = (
+    (Cause.MAY_HAVE_BEEN_PROCESSED, lambda reason, status: reason.startswith(MAY_HAVE_BEEN_PROCESSED)),
+    (Cause.DOT_SEGMENT, lambda reason, status: reason == DOT_SEGMENT),
+    (Cause.TOO_LARGE, lambda reason, status: reason.startswith("body over")),
+    (Cause.TIMEOUT, lambda reason, status: reason.startswith("timeout")),
+    (Cause.BAD_BODY, lambda reason, status: status is not None and 200 <= status < 300),
+    (Cause.UNREACHED, lambda reason, status: reason in ("connection refused", "host name not found")
+     or reason.startswith(("connect timeout", "cannot connect"))),
+)
 
 
 def record_problem(name: str, record) -> Optional[str]:
@@ -2179,7 +2225,7 @@ def fetch(session: GuardedSession, item_id: str, cfg: Config, redact: Redactor,
     """One attempt. Every failure of the network, the server or the HTTP
     libraries comes back as an Outcome; only a bug in redrive raises."""
     if makes_dot_segment(cfg.url, item_id):
-        return Outcome(Bucket.SKIP, error=DOT_SEGMENT)
+        return Outcome(Bucket.SKIP, error=DOT_SEGMENT, cause=Cause.DOT_SEGMENT)
     url = build_url(cfg.url, item_id)
     body = None if cfg.data is None else build_body(cfg.data, item_id, cfg.json_data)
     attempt = session.watchdog.begin(cfg.timeout)
@@ -2198,14 +2244,15 @@ def fetch(session: GuardedSession, item_id: str, cfg: Config, redact: Redactor,
         phase = Phase.REDIRECT if isinstance(exc, RedirectFailed) else phase
         unreached = phase is Phase.REQUEST and never_connected(exc)  # more precise than the deadline's cut
         cause = AttemptTimeout() if attempt.expired and not unreached else exc
-        bucket, reason = transport_failure(cause, phase, cfg.timeout, chunked)
-        return Outcome(bucket, error=reason, unreached=unreached)
+        bucket, kind, reason = transport_failure(cause, phase, cfg.timeout, chunked)
+        return Outcome(bucket, error=reason, unreached=unreached, cause=kind)
     finally:
         session.watchdog.end(attempt)
     if attempt.expired:  # cut mid-headers, http.client may take what came as a whole answer
-        return Outcome(Bucket.RETRYABLE, error=transport_failure(AttemptTimeout(), phase, cfg.timeout)[1])
+        return Outcome(Bucket.RETRYABLE, error=transport_failure(AttemptTimeout(), phase, cfg.timeout)[2],
+                       cause=Cause.TIMEOUT)
     if raw is None and bucket is Bucket.OK:
-        return Outcome(Bucket.SKIP, resp.status_code, f"body over {cfg.max_bytes} bytes")
+        return Outcome(Bucket.SKIP, resp.status_code, f"body over {cfg.max_bytes} bytes", cause=Cause.TOO_LARGE)
     return interpret(resp, raw or b"", bucket, cfg, redact, now())
 
 
@@ -2299,11 +2346,11 @@ def interpret(resp: requests.Response, raw: bytes, bucket: Bucket, cfg: Config, 
         bodiless = status in BODILESS_STATUSES or cfg.method == "HEAD"
         if bodiless and not (cfg.wants_json or cfg.require):
             return Outcome(Bucket.OK, status, body="null", final_url=final)
-        return Outcome(Bucket.RETRYABLE, status, "empty body")
+        return Outcome(Bucket.RETRYABLE, status, "empty body", cause=Cause.BAD_BODY)
     text, exact = decode(raw, resp)
     body, problem = validate(text, resp.headers.get("Content-Type", ""), cfg)
     if problem:
-        return Outcome(Bucket.RETRYABLE, status, problem)
+        return Outcome(Bucket.RETRYABLE, status, problem, cause=Cause.BAD_BODY)
     if not exact:  # stored losslessly: the bytes, not a text with replacement characters
         return Outcome(Bucket.OK, status, body=f'"{base64.b64encode(raw).decode()}"', final_url=final,
                        encoding="base64")
@@ -2519,9 +2566,9 @@ class Schedule:
         return max((self.hosts[name].paused_until for name in self.active), default=0.0)
 
 
-def unavailable_record(item_id, reason, status, bucket, tries, at, passes) -> dict:
-    return {"id": item_id, "reason": reason, "status": status, "bucket": bucket.value,
-            "tries": tries, "at": iso(at), "action": recommend(bucket, status, reason, passes)}
+def unavailable_record(item_id, reason, status, bucket, cause, tries, at, passes) -> dict:
+    return {"id": item_id, "reason": reason, "status": status, "bucket": bucket.value, "cause": cause.value,
+            "tries": tries, "at": iso(at), "action": recommend(bucket, status, cause, reason, passes)}
 
 
 def give_up(record: dict, ledger: Ledger, state: State) -> None:
@@ -2561,7 +2608,7 @@ class Books:
         """A pass over for the id (FAIL or GIVE_UP): failed.jsonl, then, after its last pass, unavailable.jsonl."""
         at, out = self.wallclock(), step.outcome
         record = {"id": item.id, "pass": item.pass_no, "bucket": out.bucket.value, "status": out.status,
-                  "error": out.error, "tries": item.tries, "at": iso(at)}
+                  "cause": out.cause.value, "error": out.error, "tries": item.tries, "at": iso(at)}
         if out.retry_after is not None:
             record["retry_after"] = out.retry_after
         if step.move is Move.FAIL:
@@ -2575,7 +2622,7 @@ class Books:
 
     def unavailable(self, item: Item, out: Outcome) -> None:
         """Confirmed unavailable: unavailable.jsonl, with its reason and the recommended action."""
-        record = unavailable_record(item.id, out.error, out.status, out.bucket, item.tries,
+        record = unavailable_record(item.id, out.error, out.status, out.bucket, out.cause, item.tries,
                                     self.wallclock(), self.cfg.passes)
         give_up(record, self.ledger, self.state)
         self.counts["unavailable"] += 1
@@ -2896,7 +2943,7 @@ def plan(ids: list, state: State, cfg: Config, batch: Batch, ledger: Ledger, fx:
 
 def settle_exhausted(item_id, last, ledger, state, cfg, wall) -> None:
     """An id that failed its last pass but was never moved on (a kill, or fewer --passes)."""
-    give_up(unavailable_record(item_id, last["error"], last["status"], Bucket(last["bucket"]),
+    give_up(unavailable_record(item_id, last["error"], last["status"], Bucket(last["bucket"]), record_cause(last),
                                last["tries"], wall, cfg.passes), ledger, state)
 
 
@@ -3021,7 +3068,8 @@ def residue(ids: list, state: State, tally: Tally) -> tuple:
         if item_id in state.unavailable:
             r = state.unavailable[item_id]
             rows.append({"id": shown_id(item_id), "state": "unavailable", "reason": r["reason"], "status": r["status"],
-                         "bucket": r["bucket"], "action": r["action"], "new": item_id in state.fresh})
+                         "bucket": r["bucket"], "cause": record_cause(r).value, "action": r["action"],
+                         "new": item_id in state.fresh})
         elif latest_failure(state, item_id):
             f = state.failed[item_id]
             rows.append({"id": shown_id(item_id), "state": "failed", "reason": f["error"], "status": f["status"],
@@ -3040,10 +3088,11 @@ def group_residue(rows: list, pending: int, cfg: Config) -> list:
     """One line per (state, reason): how many ids, and the one thing to do about them."""
     groups = Counter((r["state"], r["reason"], r["status"], r["bucket"]) for r in rows)
     actions = {(r["state"], r["reason"]): r["action"] for r in rows if r["state"] != "unavailable"}
+    causes = {(r["state"], r["reason"]): record_cause(r) for r in rows if r["state"] == "unavailable"}
     lines = []
     for (state, reason, status, bucket), count in groups.most_common():
         if state == "unavailable":
-            action = recommend(Bucket(bucket), status, reason, cfg.passes, many=count > 1)
+            action = recommend(Bucket(bucket), status, causes[(state, reason)], reason, cfg.passes, many=count > 1)
         else:
             action = actions[(state, reason)]
         lines.append({"state": state, "reason": reason, "count": pending if state == "pending" else count,

@@ -411,6 +411,36 @@ def test_next_step_never_repeats_a_post_that_may_have_been_processed(method, uns
         assert step.outcome.bucket is bucket and step.outcome.error == "may have been processed (500)"
 
 
+Cause = redrive.Cause
+
+
+@pytest.mark.parametrize("cause, action", [
+    (Cause.TIMEOUT, "still timing out after 2 passes: raise --timeout, or rerun later with --retry-unavailable"),
+    (Cause.UNREACHED, "host not reachable (it broke) after 2 passes: check the URL's host, "
+                      "or rerun with --retry-unavailable once it is back"),
+    (Cause.TRANSPORT, "still it broke after 2 passes: check the item upstream, or rerun with --retry-unavailable"),
+])
+def test_recommend_switches_on_the_cause_not_on_the_words(cause, action):
+    assert redrive.recommend(Bucket.RETRYABLE, None, cause, "it broke", 2) == action
+
+
+@pytest.mark.parametrize("record, cause", [
+    ({"reason": "timeout after 30 s", "status": None}, Cause.TIMEOUT),
+    ({"reason": "connection refused", "status": None}, Cause.UNREACHED),
+    ({"reason": "connect timeout after 5 s", "status": None}, Cause.UNREACHED),
+    ({"reason": "redirect target: connection refused", "status": None}, Cause.TRANSPORT),
+    ({"error": "invalid JSON", "status": 200}, Cause.BAD_BODY),
+    ({"reason": "body over 100 bytes", "status": 200}, Cause.TOO_LARGE),
+    ({"reason": "may have been processed (500 Internal Server Error)", "status": 500},
+     Cause.MAY_HAVE_BEEN_PROCESSED),
+    ({"reason": redrive.DOT_SEGMENT, "status": None}, Cause.DOT_SEGMENT),
+    ({"reason": "503 Service Unavailable", "status": 503}, Cause.STATUS),
+    ({"reason": "timeout after 30 s", "status": None, "cause": "status"}, Cause.STATUS),  # the field wins
+])
+def test_a_record_from_before_causes_were_kept_reads_its_cause_from_its_words(record, cause):
+    assert redrive.record_cause(record) is cause
+
+
 NOW = 1_700_000_000.0
 
 
@@ -486,6 +516,7 @@ def test_404_is_unavailable_and_never_retried(server, tmp_path):
     assert record["id"] == "gone" and record["status"] == 404 and record["bucket"] == "skip"
     assert record["reason"] == "404 Not Found"
     assert record["action"] == "removed upstream (404): drop it from the input list"
+    assert record["cause"] == "status"
     assert state(tmp_path, "failed.jsonl") == []
     assert "gone: 404 Not Found: removed upstream" in err
     assert crawl(server, tmp_path, ["gone", "ok"])[0] == ExitCode.OK
@@ -648,7 +679,7 @@ def test_tries_cap_then_pass_two_redrives_only_failures(server, tmp_path):
     assert code == ExitCode.OK
     assert server.hits == Counter({"ok1": 1, "flaky": 3, "ok2": 1})
     [failed] = state(tmp_path, "failed.jsonl")
-    assert failed == {"id": "flaky", "pass": 1, "bucket": "retryable", "status": 500,
+    assert failed == {"id": "flaky", "pass": 1, "bucket": "retryable", "status": 500, "cause": "status",
                       "error": "500 Internal Server Error", "tries": 2, "at": failed["at"], "due": failed["due"]}
     assert redrive.parse_iso(failed["due"]) - redrive.parse_iso(failed["at"]) == 30.0  # the cool-down
     assert fake.sleeps == [0.75, 30.0]
@@ -679,6 +710,8 @@ def test_empty_and_invalid_json_bodies_are_retried(server, tmp_path):
     server.replies["z"] = [(200, b"", {})]
     crawl(server, tmp_path, ["z"], "--tries", "1", "--passes", "1")
     assert state(tmp_path, "unavailable.jsonl")[0]["reason"] == "empty body"
+    [failed] = state(tmp_path, "failed.jsonl")
+    assert failed["cause"] == state(tmp_path, "unavailable.jsonl")[0]["cause"] == "bad body"
 
 
 def test_204_and_head_answers_are_done_with_no_body(server, tmp_path):
