@@ -520,6 +520,7 @@ class Effects:
     wallclock: Callable[[], float] = time.time
     sleep: Optional[Callable[[float], None]] = None  #: None: an interruptible wait
     rand: Callable[[], float] = random.random
+    fsync: Callable[[int], None] = os.fsync  #: the state files' flush to disk
 
 
 # ------------------------------------------------------------ pure policy
@@ -1420,10 +1421,11 @@ class Ledger:
     second (the run loop calls sync_if_due) and at close.
     """
 
-    def __init__(self, state_dir: Path, fsync: bool = False):
-        self.dir, self.fsync = state_dir, fsync
+    def __init__(self, state_dir: Path, fsync: bool = False, clock: Callable[[], float] = time.monotonic,
+                 flush: Callable[[int], None] = os.fsync):
+        self.dir, self.fsync, self.clock, self.flush = state_dir, fsync, clock, flush
         self.fds, self.dirty = {}, set()
-        self.synced_at = time.monotonic()
+        self.synced_at = clock()
 
     def open(self) -> None:
         for name in STATE_FILES:
@@ -1448,7 +1450,7 @@ class Ledger:
             while data:
                 data = data[os.write(self.fds[name], data):]
             if self.fsync:
-                os.fsync(self.fds[name])
+                self.flush(self.fds[name])
             else:
                 self.dirty.add(name)
         except OSError as exc:
@@ -1458,17 +1460,17 @@ class Ledger:
         """fsync every file written since the last sync."""
         for name in sorted(self.dirty):
             try:
-                os.fsync(self.fds[name])
+                self.flush(self.fds[name])
             except OSError as exc:
                 raise RedriveError(f"{self.dir / name}: fsync failed ({exc.strerror}); check the disk") from None
         self.dirty.clear()
-        self.synced_at = time.monotonic()
+        self.synced_at = self.clock()
 
     def seconds_to_sync(self) -> Optional[float]:
         """How long until the once-a-second sync is due; None when nothing is dirty."""
         if not self.dirty:
             return None
-        return max(0.0, self.synced_at + SYNC_INTERVAL - time.monotonic())
+        return max(0.0, self.synced_at + SYNC_INTERVAL - self.clock())
 
     def sync_if_due(self) -> None:
         if self.seconds_to_sync() == 0.0:
@@ -2453,7 +2455,7 @@ class Tally:
     abandoned: int = 0
     down: Optional[dict] = None  #: the API's host went down: host, reason, since, probes
     due: Optional[float] = None  #: stop "later": when the first id left is due (wall clock)
-    crash: Optional[dict] = None  #: stop "crash": the id, the error and its traceback
+    crash: Optional[dict] = None  #: stop "crash": the id, the error, when, and its traceback
     misconfigured: Optional[dict] = None  #: stop "misconfigured": the sign, one id, how many answers
 
     def count(self, pass_no: int, what: str) -> None:
@@ -2655,6 +2657,7 @@ class Batch:
         self.last_due = 0.0  #: when the last id scheduled for a later pass is due (for the ETA)
         self.guard = Guard(0)  #: off until plan() arms it
         self.wakes_at = 0.0  #: when the main thread looks again, unless woken
+        self.said_stopping = False
 
     def schedule(self, item: Item, ready_at: float) -> None:
         """Put an id on the timeline (see Schedule.add), counted if it waits for a later pass."""
@@ -2684,6 +2687,7 @@ class Batch:
         """A bug in redrive: stop, keep the id pending, keep the traceback for crash.log."""
         if self.tally.crash is None:
             self.tally.crash = {"id": item.id if item else None, "error": f"{type(exc).__name__}: {exc}",
+                                "at": self.fx.wallclock(),
                                 "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))}
         self.tally.stop = None  # a crash outranks any other stop
         self.request_stop(Stop.CRASH)
@@ -2736,11 +2740,23 @@ class Batch:
             self.request_stop(Stop.LATER)
         if self.tally.stop:
             if timeline.inflight and self.fx.clock() < self.stop_at:
+                self._say_stopping()
                 return True
             self._release_held()  # the run is over whatever it leaves: nothing is scheduled after a stop
             return False
         self._hand_out()
         return True
+
+    def _say_stopping(self) -> None:
+        """Once, on a stop signal with requests in flight: what the run waits
+        for, and how to quit now. Said from the main loop, never from the
+        signal handler (which may interrupt a write to the same stream)."""
+        if self.tally.stop in SIGNAL_STOPS and not self.said_stopping:
+            self.said_stopping = True
+            again = "press Ctrl+C again" if self.tally.stop is Stop.INTERRUPTED else "send the signal again"
+            self.progress.say(f"redrive: {self.tally.stop.value}: finishing the {self.timeline.inflight} request(s) "
+                              f"in flight (up to {duration(self.stop_at - self.fx.clock())}); "
+                              f"{again} to quit now, leaving them pending")
 
     def _release_held(self) -> bool:
         """The run ends before the guard decided: the answers it held are real
@@ -3101,14 +3117,14 @@ def group_residue(rows: list, pending: int, cfg: Config) -> list:
 
 
 def build_report(total: int, rest: list, duplicates: int, state: State, tally: Tally, cfg: Config,
-                 elapsed: float, redact: Redactor) -> dict:
+                 elapsed: float, redact: Redactor, now: float) -> dict:
     """report.json: what this run did and exactly what is missing, and why.
     rest: the ids that were not done when the run started, in input order."""
     rows, pending = residue(rest, state, tally)
     counts = Counter(r["state"] for r in rows)
     return {
         "redrive": __version__, "ids_file": str(cfg.ids_file), "state_dir": str(cfg.state_dir),
-        "url": redact(redact_url(cfg.url)), "finished_at": iso(time.time()),
+        "url": redact(redact_url(cfg.url)), "finished_at": iso(now),
         "exit_code": None, "stop": tally.stop and tally.stop.value, "elapsed_s": round(elapsed, 3),
         "requests": tally.requests, "passes": cfg.passes, "unreachable": tally.down,
         "counts": {"input": total, "duplicates": duplicates,
@@ -3290,8 +3306,8 @@ class RunLock:
     """An exclusive flock on STATE_DIR/lock: no two runs share a state dir.
     The kernel drops the lock when its process dies, so a stale lock never blocks."""
 
-    def __init__(self, state_dir: Path):
-        self.path = state_dir / "lock"
+    def __init__(self, state_dir: Path, wallclock: Callable[[], float] = time.time):
+        self.path, self.wallclock = state_dir / "lock", wallclock
         self.fd = None
 
     def __enter__(self):
@@ -3313,7 +3329,7 @@ class RunLock:
                                ExitCode.LOCKED) from None
         try:
             os.ftruncate(self.fd, 0)
-            os.write(self.fd, f"pid {os.getpid()}, started {iso(time.time())}\n".encode())
+            os.write(self.fd, f"pid {os.getpid()}, started {iso(self.wallclock())}\n".encode())
         except OSError as exc:
             os.close(self.fd)
             raise RedriveError(f"{self.path}: write failed ({exc.strerror.lower()}); free some space, "
@@ -3628,7 +3644,7 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
     if keyed:
         print(f"redrive: warning: {keyed}", file=err)
     prepare_state_dir(cfg.state_dir)
-    with RunLock(cfg.state_dir):
+    with RunLock(cfg.state_dir, fx.wallclock):
         record = read_run_record(cfg.state_dir)
         state = load_state(cfg.state_dir, undone=unique)
         del unique
@@ -3639,7 +3655,7 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
         fresh = not (done_file.exists() and done_file.stat().st_size > 0)
         if note and not cfg.quiet:
             print(shown_text(f"redrive: {redact(note)}"), file=err)
-        ledger = Ledger(cfg.state_dir, cfg.fsync)
+        ledger = Ledger(cfg.state_dir, cfg.fsync, fx.clock, fx.fsync)
         ledger.open()
         try:
             complete_lost_done(state, ledger)
@@ -3659,7 +3675,8 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
                     batch.wake.close()
         finally:
             ledger.close()
-        report = build_report(len(ids), rest, duplicates, state, tally, cfg, fx.clock() - started, redact)
+        report = build_report(len(ids), rest, duplicates, state, tally, cfg, fx.clock() - started, redact,
+                              fx.wallclock())
         return finish(report, tally, cfg, redact, err)
 
 
@@ -3671,7 +3688,8 @@ def finish(report: dict, tally: Tally, cfg: Config, redact: Redactor, err) -> Ex
         crashed = tally.crash["id"]
         report["crash"] = {"id": None if crashed is None else redact(shown_id(crashed)),
                            "error": redact(tally.crash["error"]), "log": "crash.log"}
-        write_crash_log(cfg.state_dir / "crash.log", tally.crash["id"], tally.crash["traceback"], redact)
+        write_crash_log(cfg.state_dir / "crash.log", tally.crash["id"], tally.crash["traceback"], redact,
+                        tally.crash["at"])
     text = json.dumps(report, indent=1, ensure_ascii=False) + "\n"
     for path in filter(None, (cfg.state_dir / "report.json", cfg.report)):
         write_atomically(path, text)
@@ -3680,21 +3698,21 @@ def finish(report: dict, tally: Tally, cfg: Config, redact: Redactor, err) -> Ex
     return code
 
 
-def write_crash_log(path: Path, item_id: Optional[str], trace: str, redact: Redactor) -> None:
+def write_crash_log(path: Path, item_id: Optional[str], trace: str, redact: Redactor, now: float) -> None:
     """The traceback of a bug, for a bug report: never a secret in it."""
-    text = f"redrive {__version__}, Python {sys.version.split()[0]}, {iso(time.time())}\nid: {item_id!r}\n{trace}"
+    text = f"redrive {__version__}, Python {sys.version.split()[0]}, {iso(now)}\nid: {item_id!r}\n{trace}"
     try:
         path.write_text(redact(text), encoding="utf-8")
     except OSError:
         pass  # the one-line message still says what happened
 
 
-def crash_exit(exc: BaseException, state_dir: Optional[Path], err, redact: Redactor) -> ExitCode:
+def crash_exit(exc: BaseException, state_dir: Optional[Path], err, redact: Redactor, now: float) -> ExitCode:
     """A bug outside the batch (starting or reporting): one line, the traceback in a file, exit 70."""
     trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     folder = state_dir if state_dir is not None and state_dir.is_dir() else Path(tempfile.gettempdir())
     path = folder / ("crash.log" if folder == state_dir else f"redrive-crash-{os.getpid()}.log")
-    write_crash_log(path, None, trace, redact)
+    write_crash_log(path, None, trace, redact, now)
     print(shown_text(f"redrive: internal error: {type(exc).__name__}: {redact(str(exc))[:200]}; the traceback "
                      f"is in {path}; please report it"), file=err)
     return ExitCode.SOFTWARE
@@ -3792,12 +3810,12 @@ def main(argv=None, *, fx: Effects = Effects(), err=None, out=None, environ=None
         return int(ExitCode.INTERRUPTED)
     except OSError as exc:
         if not exc.filename:
-            return int(crash_exit(exc, state_dir, err, Redactor(secrets)))
+            return int(crash_exit(exc, state_dir, err, Redactor(secrets), fx.wallclock()))
         print(f"redrive: error: {shown_text(str(exc.filename))}: {(exc.strerror or str(exc)).lower()}; "
               "check the file, its permissions and the free space", file=err)
         return int(ExitCode.USAGE)
     except Exception as exc:  # a bug: never a traceback on the terminal
-        return int(crash_exit(exc, state_dir, err, Redactor(secrets)))
+        return int(crash_exit(exc, state_dir, err, Redactor(secrets), fx.wallclock()))
     finally:
         if server is not None:
             server.shutdown()

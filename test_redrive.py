@@ -7,6 +7,7 @@ import gzip
 import io
 import json
 import os
+import queue
 import re
 import signal
 import socket
@@ -265,6 +266,7 @@ class FakeTime:
 
     def __init__(self, rand=0.5):
         self.now, self.sleeps, self.rand = 1000.0, [], rand
+        self.fsyncs = []  #: the names of the files fsynced, in order
 
     def clock(self):
         return self.now
@@ -276,8 +278,13 @@ class FakeTime:
         self.sleeps.append(round(seconds, 6))
         self.now += seconds
 
+    def fsync(self, fd):
+        self.fsyncs.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        os.fsync(fd)
+
     def effects(self):
-        return Effects(clock=self.clock, wallclock=self.wallclock, sleep=self.sleep, rand=lambda: self.rand)
+        return Effects(clock=self.clock, wallclock=self.wallclock, sleep=self.sleep, rand=lambda: self.rand,
+                       fsync=self.fsync)
 
 
 class FastForward(FakeTime):
@@ -1229,6 +1236,34 @@ def wait_for_lines(path, count, proc, timeout=20.0):
     raise AssertionError(f"{path} never reached {count} lines")
 
 
+def wait_until(condition, failure, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(failure)
+        time.sleep(0.01)
+
+
+def read_line_with(proc, text, timeout=10.0):
+    """The first line of proc's stderr that holds text (every line before it is read and dropped)."""
+    found = queue.Queue()
+
+    def reader():
+        for line in proc.stderr:
+            if text in line:
+                found.put(line)
+                return
+        found.put("")  # the stream ended first
+
+    threading.Thread(target=reader, daemon=True).start()
+    try:
+        line = found.get(timeout=timeout)
+    except queue.Empty:
+        raise AssertionError(f"no line with {text!r} within {timeout} s") from None
+    assert line, f"stderr ended with no line holding {text!r}"
+    return line
+
+
 @pytest.mark.parametrize("signum, expected", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_stop_signal_mid_run_then_rerun_resumes_without_refetching(server, tmp_path, signum, expected):
     ids = [f"n{i}" for i in range(300)]
@@ -1261,11 +1296,12 @@ def test_second_ctrl_c_exits_at_once(server, tmp_path):
     ids_file = write_ids(tmp_path, ids)
     proc = subprocess.Popen(redrive_cmd(ids_file, "--url", server.template, "--concurrency", "2"),
                             stderr=subprocess.PIPE, text=True)
+    wait_until(lambda: server.hits["s5"] == 1 and not proc.poll(), "s5 (8 s to answer) never asked")
     wait_for_lines(tmp_path / "ids.redrive" / "done.txt", 5, proc)
-    time.sleep(0.3)
     started = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    time.sleep(0.2)
+    said = read_line_with(proc, "press Ctrl+C again to quit now")  # the first one is taken: s5 is awaited
+    assert "interrupted: finishing the " in said and "request(s) in flight" in said
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=10)
     assert proc.returncode == 130 and time.monotonic() - started < 3
@@ -1527,9 +1563,15 @@ def test_a_state_file_that_is_a_symlink_is_refused_before_anything_is_cut_or_wri
     assert server.hits["a"] == 0 and sorted(p.name for p in sdir.iterdir()) == [name]
 
 
-def test_fsync_mode_writes_the_same_state(server, tmp_path):
-    code, _, _ = crawl(server, tmp_path, ["a", "b"], "--fsync")
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names the fsynced files from /proc")
+def test_fsync_mode_fsyncs_every_line_before_the_next_step(server, tmp_path):
+    code, _, fake = crawl(server, tmp_path, ["a", "b"], "--fsync")
     assert code == ExitCode.OK and state(tmp_path, "done.txt") == ["a", "b"]
+    assert fake.fsyncs == ["results.jsonl", "done.txt", "results.jsonl", "done.txt"]
+    ids = [f"i{n}" for n in range(20)]
+    code, _, fake = crawl(server, tmp_path, ids)  # without it: batched, not one per line (40 lines)
+    assert code == ExitCode.OK and state(tmp_path, "done.txt") == ["a", "b", *ids]
+    assert 1 <= len(fake.fsyncs) <= 4 and set(fake.fsyncs) <= {"results.jsonl", "done.txt"}
 
 
 # ------------------------------------------------------- kill -9 and repair
