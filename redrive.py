@@ -423,21 +423,64 @@ class RedriveError(Exception):
 
 
 @dataclass(frozen=True)
+class Request:
+    """What is asked of the API for each id, and what a real answer must
+    hold. It gives every result its meaning, so it may not drift within one
+    state dir. run.json keeps its shape: each field with a "shape" key, in
+    the form the user gave (never a secret). A bare rerun takes each one back
+    as the option its "option" key names. A change is named field by field."""
+
+    method: str = field(default="GET", metadata={"shape": "method", "option": "method"})
+    url_spec: str = field(default="{id}", metadata={"shape": "url", "option": "url"})  #: as given, ${VAR} unread
+    data_spec: Optional[str] = field(default=None, metadata={"shape": "data", "option": "data"})  #: as given
+    header_specs: tuple = field(default=(), metadata={"shape": "headers", "option": "header"})  #: (name, "${VAR}" or None)
+    expect_json: bool = field(default=False, metadata={"shape": "expect_json", "option": "expect_json"})
+    require: tuple = field(default=(), metadata={"shape": "require", "option": "require"})  #: texts the body must hold
+    require_field: tuple = field(default=(), metadata={"shape": "require_field", "option": "require_field"})
+    demo: bool = field(default=False, metadata={"option": "demo"})  #: the url is the demo server's
+    url: str = "{id}"  #: the template, ${VAR} references read from the environment
+    data: Optional[str] = None  #: the body template, ${VAR} read
+    headers: tuple = ()  #: (name, value) pairs; values are secrets
+
+    def shape(self) -> dict:
+        """What run.json keeps: the url redacted (or "--demo"), the header names only."""
+        shape = {}
+        for f in dataclasses.fields(self):
+            if "shape" in f.metadata:
+                value = getattr(self, f.name)
+                shape[f.metadata["shape"]] = list(value) if isinstance(value, tuple) else value
+        shape["url"] = "--demo" if self.demo else redact_url(self.url_spec)
+        shape["headers"] = sorted(self.header_names)
+        return shape
+
+    @property
+    def header_names(self) -> frozenset:
+        return frozenset(name.lower() for name, _ in self.headers)
+
+    @property
+    def json_data(self) -> bool:
+        """A request body is JSON when a header says so or it looks like JSON."""
+        declared = [v for n, v in self.headers if n.lower() == "content-type"]
+        if declared:
+            return "json" in declared[0].lower()
+        return (self.data or "").lstrip()[:1] in ("{", "[")
+
+    @property
+    def wants_json(self) -> bool:
+        return self.expect_json or bool(self.require_field)
+
+
+#: The command-line options a Request is made from (see Request).
+REQUEST_OPTIONS = tuple(f.metadata["option"] for f in dataclasses.fields(Request) if "option" in f.metadata)
+
+
+@dataclass(frozen=True)
 class Config:
     """Everything a run needs, decided once from the command line."""
 
     ids_file: Path
     state_dir: Path
-    url: str = "{id}"  #: the template, ${VAR} references read from the environment
-    url_spec: str = "{id}"  #: the template as given, with its ${VAR} references
-    method: str = "GET"
-    data: Optional[str] = None  #: request body template, ${VAR} read
-    data_spec: Optional[str] = None  #: the body template as given
-    headers: tuple = ()  #: (name, value) pairs; values are secrets
-    header_specs: tuple = ()  #: (name, "${VAR}" or None): what run.json may keep
-    expect_json: bool = False
-    require: tuple = ()  #: texts the body must contain
-    require_field: tuple = ()  #: top-level JSON fields that must be present, not null
+    request: Request = field(default_factory=Request)  #: what is asked for each id
     concurrency: int = 4
     timeout: float = 30.0
     tries: int = 5
@@ -457,32 +500,15 @@ class Config:
     quiet: bool = False
     fsync: bool = False
     report: Optional[Path] = None
-    demo: bool = False
     allow_config_change: bool = False
     guard: bool = True  #: halt when the first answers of a fresh state dir all fail alike
     retry_unsafe: bool = False  #: retry POST/PATCH even when the attempt may have been processed
     secrets: tuple = ()  #: header values and ${VAR} values: shown as *** if ever echoed
 
     @property
-    def header_names(self) -> frozenset:
-        return frozenset(name.lower() for name, _ in self.headers)
-
-    @property
-    def json_data(self) -> bool:
-        """A request body is JSON when a header says so or it looks like JSON."""
-        declared = [v for n, v in self.headers if n.lower() == "content-type"]
-        if declared:
-            return "json" in declared[0].lower()
-        return (self.data or "").lstrip()[:1] in ("{", "[")
-
-    @property
-    def wants_json(self) -> bool:
-        return self.expect_json or bool(self.require_field)
-
-    @property
     def unsafe(self) -> bool:
         """A method whose repeat may do the work twice, unless --retry-unsafe."""
-        return self.method not in IDEMPOTENT_METHODS and not self.retry_unsafe
+        return self.request.method not in IDEMPOTENT_METHODS and not self.retry_unsafe
 
 
 @dataclass
@@ -649,7 +675,7 @@ def misconfiguration_sign(out: "Outcome", cfg: "Config") -> Optional[str]:
         return status_reason(out.status)
     if out.error == TLS_ERROR:
         return out.error
-    if cfg.expect_json and out.error == "invalid JSON":
+    if cfg.request.expect_json and out.error == "invalid JSON":
         return "not JSON (--expect-json)"
     return None
 
@@ -1345,11 +1371,11 @@ def line_of(path: Path, item_id: str) -> int:
 def check_urls(cfg: Config, ids: list, redact: Redactor) -> None:
     """Refuse a template without {id}, or with {id} where no id can go (the
     port, the scheme), or an id that is not an http(s) URL."""
-    shown = redact(redact_url(cfg.url))
-    if "{id}" not in cfg.url:
+    shown = redact(redact_url(cfg.request.url))
+    if "{id}" not in cfg.request.url:
         raise RedriveError(f"--url {shown!r} has no {{id}}; put {{id}} where the id goes")
-    if cfg.url != "{id}":
-        problem = url_problem(build_url(cfg.url, "x"))  # a word as the id: one in the port makes it no URL
+    if cfg.request.url != "{id}":
+        problem = url_problem(build_url(cfg.request.url, "x"))  # a word as the id: one in the port makes it no URL
         if problem == "is not an http(s) URL":
             raise RedriveError(f"--url {shown!r} is not an http(s) URL; start it with https://")
         if problem:
@@ -1744,14 +1770,6 @@ def latest_failure(state: State, item_id: str) -> Optional[dict]:
     return failed
 
 
-def request_shape(cfg: Config) -> dict:
-    """What decides the meaning of a result, and so must not drift within one
-    state dir: never a secret, never a knob such as concurrency or timeouts."""
-    return {"method": cfg.method, "url": "--demo" if cfg.demo else redact_url(cfg.url_spec),
-            "data": cfg.data_spec, "headers": sorted(cfg.header_names), "expect_json": cfg.expect_json,
-            "require": list(cfg.require), "require_field": list(cfg.require_field)}
-
-
 def shape_hash(shape: dict) -> str:
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -1768,7 +1786,7 @@ def read_run_record(state_dir: Path) -> Optional[dict]:
     problem = run_record_problem(record)
     if problem:
         raise RedriveError(f"{path}: not a redrive run record ({problem}); move it away, or use a new --state-dir")
-    known = request_shape(Config(Path(), Path()))
+    known = Request().shape()
     unknown = sorted(set(record["shape"]) - set(known))
     if unknown:
         raise RedriveError(f"{path}: written by redrive {str(record.get('redrive', '?'))[:20]}, whose request has "
@@ -1815,7 +1833,7 @@ def settle_run_record(cfg: Config, record: Optional[dict], anything_done: bool, 
     """Refuse a changed request when done ids would mix two requests (unless
     allowed), then record the current one. Returns (a note on a change
     taken, or None; the time since which verdicts count, or None)."""
-    shape = request_shape(cfg)
+    shape = cfg.request.shape()
     changes = shape_changes(record["shape"], shape) if record else []
     retarget = bool(changes) and any(record["shape"].get(k) != shape[k] for k in TARGET_FIELDS)
     if changes and anything_done and not cfg.allow_config_change:
@@ -1826,7 +1844,7 @@ def settle_run_record(cfg: Config, record: Optional[dict], anything_done: bool, 
                            f"or --allow-config-change ({keeps})")
     since = iso(now) if retarget else (record or {}).get("verdicts_since")
     new = {"shape": shape, "hash": shape_hash(shape),
-           "headers": [{"name": n, "value": spec} for n, spec in cfg.header_specs],
+           "headers": [{"name": n, "value": spec} for n, spec in cfg.request.header_specs],
            "created": record.get("created") if record else iso(now), "redrive": __version__}
     if since:
         new["verdicts_since"] = since
@@ -1880,9 +1898,9 @@ def recorded_request(record: dict, given: frozenset = frozenset()) -> dict:
                                "store; give -H again, the rest of the request is reused (write it as "
                                "'${VAR}' or 'Bearer ${VAR}' and it can be reused too)")
         headers.append(f"{header['name']}: {header['value']}")
-    recorded.update({"header": headers, "method": shape["method"], "data": shape["data"],
-                     "expect_json": shape["expect_json"], "require": shape["require"],
-                     "require_field": shape["require_field"]})
+    recorded["header"] = headers
+    recorded.update({f.metadata["option"]: shape[f.metadata["shape"]] for f in dataclasses.fields(Request)
+                     if "shape" in f.metadata and f.metadata["option"] not in recorded})
     taken = {key: value for key, value in recorded.items() if key not in given}
     if given & {"url", "demo"}:
         taken.pop("url", None), taken.pop("demo", None)  # the target comes from the command line, whole
@@ -2209,16 +2227,16 @@ def origin_of(url: str) -> tuple:
 def make_session(cfg: Config, settings: HostSettings, watchdog: Watchdog) -> GuardedSession:
     """One worker's session: a keep-alive connection per host (a worker sends
     one request at a time), redrive's headers, urllib3's own retries off."""
-    session = GuardedSession(cfg.header_names, settings, watchdog)
+    session = GuardedSession(cfg.request.header_names, settings, watchdog)
     adapter = WatchedAdapter(pool_connections=POOLED_HOSTS, pool_maxsize=1, max_retries=0)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     session.headers["User-Agent"] = f"redrive/{__version__}"
     session.headers["Accept-Encoding"] = "gzip, deflate"  # what read_body decodes, bounded
-    if cfg.data is not None and "content-type" not in cfg.header_names:
-        session.headers["Content-Type"] = "application/json" if cfg.json_data else "application/x-www-form-urlencoded"
-    session.headers.update(dict(cfg.headers))
-    session.user_cookie = next((value for name, value in cfg.headers if name.lower() == "cookie"), None)
+    if cfg.request.data is not None and "content-type" not in cfg.request.header_names:
+        session.headers["Content-Type"] = "application/json" if cfg.request.json_data else "application/x-www-form-urlencoded"
+    session.headers.update(dict(cfg.request.headers))
+    session.user_cookie = next((value for name, value in cfg.request.headers if name.lower() == "cookie"), None)
     return session
 
 
@@ -2226,16 +2244,16 @@ def fetch(session: GuardedSession, item_id: str, cfg: Config, redact: Redactor,
           now: Callable[[], float]) -> Outcome:
     """One attempt. Every failure of the network, the server or the HTTP
     libraries comes back as an Outcome; only a bug in redrive raises."""
-    if makes_dot_segment(cfg.url, item_id):
+    if makes_dot_segment(cfg.request.url, item_id):
         return Outcome(Bucket.SKIP, error=DOT_SEGMENT, cause=Cause.DOT_SEGMENT)
-    url = build_url(cfg.url, item_id)
-    body = None if cfg.data is None else build_body(cfg.data, item_id, cfg.json_data)
+    url = build_url(cfg.request.url, item_id)
+    body = None if cfg.request.data is None else build_body(cfg.request.data, item_id, cfg.request.json_data)
     attempt = session.watchdog.begin(cfg.timeout)
     phase, chunked = Phase.REQUEST, False
     try:
         session.origin = origin_of(url)
         proxies, auth = session.environment(url, session.origin)  # parses the URL: a bad port raises here
-        with session.open(cfg.method, url, body, cfg.timeout, proxies, auth) as resp:
+        with session.open(cfg.request.method, url, body, cfg.timeout, proxies, auth) as resp:
             phase, chunked = Phase.BODY, bool(getattr(resp.raw, "chunked", False))
             bucket = classify_status(resp.status_code, cfg)
             if resp.status_code < 200:
@@ -2345,8 +2363,8 @@ def interpret(resp: requests.Response, raw: bytes, bucket: Bucket, cfg: Config, 
             "Location" not in resp.headers else ""
         return Outcome(bucket, status, status_reason(status) + lost, retry_after=wait)
     if not raw.strip():
-        bodiless = status in BODILESS_STATUSES or cfg.method == "HEAD"
-        if bodiless and not (cfg.wants_json or cfg.require):
+        bodiless = status in BODILESS_STATUSES or cfg.request.method == "HEAD"
+        if bodiless and not (cfg.request.wants_json or cfg.request.require):
             return Outcome(Bucket.OK, status, body="null", final_url=final)
         return Outcome(Bucket.RETRYABLE, status, "empty body", cause=Cause.BAD_BODY)
     text, exact = decode(raw, resp)
@@ -2364,17 +2382,17 @@ def validate(text: str, content_type: str, cfg: Config) -> tuple:
     reason) for a 2xx that is not one: a login wall, an interstitial, a
     truncated document."""
     body = text
-    if cfg.wants_json or "json" in content_type.lower():
+    if cfg.request.wants_json or "json" in content_type.lower():
         try:
             body = json.loads(text)
         except RecursionError:
             body = text  # JSON nested deeper than Python can hold: kept as its text
         except ValueError:
             return None, "invalid JSON"
-    for needle in cfg.require:
+    for needle in cfg.request.require:
         if needle not in text:
             return None, f"missing text {needle!r}"
-    for name in cfg.require_field:
+    for name in cfg.request.require_field:
         if not isinstance(body, dict) or body.get(name) is None:
             return None, f"missing field {name!r}"
     return strict_json(body, text), None
@@ -2475,13 +2493,13 @@ class Schedule:
         self.hosts, self.active = {}, deque()  #: Host by name; hosts with ready ids, round robin
         self.next_slot = 0.0  #: --rate: when the next request may start
         self.inflight = 0
-        self.fixed_host = None if "{id}" in urlsplit(cfg.url).netloc or cfg.url == "{id}" else \
-            host_of(cfg.url, "")  #: the one host every id goes to, if the template says so
+        self.fixed_host = None if "{id}" in urlsplit(cfg.request.url).netloc or cfg.request.url == "{id}" else \
+            host_of(cfg.request.url, "")  #: the one host every id goes to, if the template says so
 
     def add(self, item: Item, ready_at: float, now: float) -> None:
         """An id due at `ready_at`: if that is now, it goes to its host's queue."""
         if not item.host:
-            item.host = self.fixed_host or host_of(self.cfg.url, item.id)
+            item.host = self.fixed_host or host_of(self.cfg.request.url, item.id)
         if ready_at <= now:
             self._make_ready(item)
         else:
@@ -2593,7 +2611,7 @@ class Books:
 
     def done(self, item: Item, out: Outcome) -> None:
         """A success: its line in results.jsonl, then its id in done.txt."""
-        url = build_url(self.cfg.url, item.id)
+        url = build_url(self.cfg.request.url, item.id)
         record = {"id": item.id, "url": self.redact(redact_url(url)), "status": out.status,
                   "fetched_at": iso(self.wallclock())}
         if out.final_url and out.final_url != url:
@@ -2641,7 +2659,7 @@ class Batch:
         self.redact, self.progress = redact, progress
         self.timeline = Schedule(cfg)
         self.host_settings = HostSettings()
-        self.api = shown_host(cfg.url)  #: the fixed host, as messages name it
+        self.api = shown_host(cfg.request.url)  #: the fixed host, as messages name it
         self.jobs = queue.SimpleQueue()  #: ids for idle workers, None to end
         self.wake = Wake()  #: for the main thread; set() is safe in a signal handler
         self.watchdog = Watchdog()
@@ -3124,7 +3142,7 @@ def build_report(total: int, rest: list, duplicates: int, state: State, tally: T
     counts = Counter(r["state"] for r in rows)
     return {
         "redrive": __version__, "ids_file": str(cfg.ids_file), "state_dir": str(cfg.state_dir),
-        "url": redact(redact_url(cfg.url)), "finished_at": iso(now),
+        "url": redact(redact_url(cfg.request.url)), "finished_at": iso(now),
         "exit_code": None, "stop": tally.stop and tally.stop.value, "elapsed_s": round(elapsed, 3),
         "requests": tally.requests, "passes": cfg.passes, "unreachable": tally.down,
         "counts": {"input": total, "duplicates": duplicates,
@@ -3174,7 +3192,7 @@ def stop_lines(tally: Tally, cfg: Config, redact: Redactor) -> list:
     if tally.stop is Stop.FATAL:
         out = tally.fatal
         return [f"redrive: halted: {out.error} for {redact(shown_id(tally.fatal_id))!r} "
-                f"({redact(redact_url(build_url(cfg.url, tally.fatal_id)))})",
+                f"({redact(redact_url(build_url(cfg.request.url, tally.fatal_id)))})",
                 f"  body: {out.excerpt!r}",
                 "  nothing was marked failed; fix the key or the account, then rerun the same command to resume"]
     if tally.stop in SIGNAL_STOPS:
@@ -3193,8 +3211,8 @@ def stop_lines(tally: Tally, cfg: Config, redact: Redactor) -> list:
                 "rerun the same command after then"]
     if tally.stop is Stop.MISCONFIGURED:
         m = tally.misconfigured
-        url = redact(redact_url(build_url(cfg.url, m["id"])))
-        return [f"redrive: halted: the first {m['answers']} answers were all {m['sign']}, e.g. {cfg.method} {url} "
+        url = redact(redact_url(build_url(cfg.request.url, m["id"])))
+        return [f"redrive: halted: the first {m['answers']} answers were all {m['sign']}, e.g. {cfg.request.method} {url} "
                 f"-> {m['sign']}; is --url (or the ids file) right?",
                 "  nothing was marked failed or unavailable; fix it and rerun (no id is done yet, so a changed "
                 "--url is taken), or give --no-guard if such answers are expected"]
@@ -3466,7 +3484,6 @@ exit codes:
 """ + "".join(f"  {int(code):<4}{meaning}\n" for code, meaning in EXIT_MEANINGS.items())
 
 
-REQUEST_OPTIONS = ("url", "header", "method", "data", "expect_json", "require", "require_field", "demo")
 METHOD = re.compile(r"^[A-Z]+$")
 
 
@@ -3553,18 +3570,20 @@ def config_from_args(args, environ, record: Optional[dict]) -> Config:
     headers = [parse_header(h, environ) for h in args.header]
     fatal, retry, skip = resolve_buckets(args.fatal, args.retry, args.skip)
     url_spec = args.url or "{id}"
-    return Config(
-        ids_file=args.ids_file, state_dir=default_state_dir(args), method=method,
-        url=expand_env(url_spec, environ, "--url"), url_spec=url_spec,
+    request = Request(
+        method=method, url=expand_env(url_spec, environ, "--url"), url_spec=url_spec,
         data=None if args.data is None else expand_env(args.data, environ, "--data"), data_spec=args.data,
         headers=tuple((n, v) for n, v, _ in headers), header_specs=tuple((n, spec) for n, _, spec in headers),
         expect_json=args.expect_json, require=tuple(args.require), require_field=tuple(args.require_field),
+        demo=args.demo)
+    return Config(
+        ids_file=args.ids_file, state_dir=default_state_dir(args), request=request,
         concurrency=args.concurrency, timeout=args.timeout, tries=args.tries, passes=args.passes,
         backoff=args.backoff, max_backoff=args.max_backoff, cooldown=args.cooldown,
         rate=args.rate, per_host=args.per_host, shard=args.shard,
         fatal=fatal, retry=retry, skip=skip, max_bytes=args.max_bytes,
         retry_unavailable=args.retry_unavailable, max_time=args.max_time, quiet=args.quiet,
-        fsync=args.fsync, demo=args.demo, report=args.report, allow_config_change=args.allow_config_change,
+        fsync=args.fsync, report=args.report, allow_config_change=args.allow_config_change,
         retry_unsafe=args.retry_unsafe, guard=not args.no_guard,
         secrets=tuple(v for _, v, _ in headers) + tuple(env_values(f"{url_spec} {args.data}", environ)))
 
@@ -3573,7 +3592,7 @@ def demo_config(cfg: Config) -> tuple:
     """The demo: a local server and short delays, the normal code path."""
     server = start_demo_server()
     url = f"http://127.0.0.1:{server.server_address[1]}/items/{{id}}"
-    return server, dataclasses.replace(cfg, url=url, tries=3, backoff=0.2, max_backoff=2.0, cooldown=2.0, timeout=5.0)
+    return server, dataclasses.replace(cfg, request=dataclasses.replace(cfg.request, url=url), tries=3, backoff=0.2, max_backoff=2.0, cooldown=2.0, timeout=5.0)
 
 
 def prepare_state_dir(path: Path) -> None:
@@ -3638,9 +3657,9 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
     if cfg.shard:
         ids = [i for i in ids if in_shard(i, cfg.shard)]
         unique = set(ids)
-    redact = Redactor(cfg.secrets + tuple(secret_query_values(cfg.url)))
+    redact = Redactor(cfg.secrets + tuple(secret_query_values(cfg.request.url)))
     check_urls(cfg, ids, redact)
-    keyed = keyed_ids_warning(ids) if cfg.url == "{id}" and not cfg.quiet else None
+    keyed = keyed_ids_warning(ids) if cfg.request.url == "{id}" and not cfg.quiet else None
     if keyed:
         print(f"redrive: warning: {keyed}", file=err)
     prepare_state_dir(cfg.state_dir)
@@ -3799,7 +3818,7 @@ def main(argv=None, *, fx: Effects = Effects(), err=None, out=None, environ=None
             return int(check(args.ids_file, state_dir, args.quiet, SafeStream(out or sys.stdout)))
         cfg = config_from_args(args, environ, read_run_record(default_state_dir(args)))
         secrets = cfg.secrets
-        if cfg.demo:
+        if cfg.request.demo:
             server, cfg = demo_config(cfg)
         return int(run(cfg, fx, err))
     except RedriveError as exc:

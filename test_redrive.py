@@ -411,7 +411,7 @@ def test_next_step_decides_each_outcome(row, out, tries, pass_no, paced, stoppin
     ("PUT", False, dict(bucket=R, status=500, error="500"), "RETRY", None),  # idempotent
 ])
 def test_next_step_never_repeats_a_post_that_may_have_been_processed(method, unsafe_ok, out, move, bucket):
-    cfg = Config(Path("i"), Path("s"), method=method, retry_unsafe=unsafe_ok)
+    cfg = Config(Path("i"), Path("s"), request=redrive.Request(method=method), retry_unsafe=unsafe_ok)
     step = redrive.next_step(Outcome(**out), 1, 1, cfg, False, False, lambda: 0.5)
     assert step.move is redrive.Move[move]
     if bucket is not None:
@@ -446,6 +446,19 @@ def test_recommend_switches_on_the_cause_not_on_the_words(cause, action):
 ])
 def test_a_record_from_before_causes_were_kept_reads_its_cause_from_its_words(record, cause):
     assert redrive.record_cause(record) is cause
+
+
+def test_the_request_shape_and_its_options_come_from_the_request_fields():
+    dests = {action.dest for action in redrive.build_parser()._actions}
+    assert set(redrive.REQUEST_OPTIONS) <= dests  # every option a rerun takes back is a real one
+    assert list(redrive.Request().shape()) == ["method", "url", "data", "headers", "expect_json", "require",
+                                               "require_field"]  # run.json's order, as before the dataclass
+    request = redrive.Request(method="POST", url_spec="https://x.test/{id}?${Q}", url="https://x.test/{id}?k=abc",
+                              headers=(("X-Key", "s3cret"),), header_specs=(("X-Key", "${KEY}"),), require=("ok",))
+    shape = request.shape()
+    assert shape["url"] == "https://x.test/{id}?${Q}" and shape["headers"] == ["x-key"] and shape["require"] == ["ok"]
+    assert "s3cret" not in json.dumps(shape) and "abc" not in json.dumps(shape)
+    assert redrive.Request(demo=True).shape()["url"] == "--demo"
 
 
 NOW = 1_700_000_000.0
@@ -2431,7 +2444,8 @@ def test_no_answer_a_server_can_send_escapes_the_attempt(fuzz_server, status, he
     """Whatever the bytes, fetch returns an Outcome: it never raises."""
     head = b"\r\n".join([status, *(name + b": " + value for name, value in headers)])
     fuzz_server.replies["x"] = [[head + b"\r\n\r\n" + body, "close"]]
-    cfg = Config(Path("ids.txt"), Path("state"), url=fuzz_server.template, timeout=0.5, max_bytes=100000)
+    cfg = Config(Path("ids.txt"), Path("state"), request=redrive.Request(url=fuzz_server.template), timeout=0.5,
+                 max_bytes=100000)
     session = redrive.make_session(cfg, redrive.HostSettings(), fuzz_server.watchdog)
     outcome = redrive.fetch(session, "x", cfg, redrive.Redactor(()), time.time)
     assert isinstance(outcome.bucket, Bucket) and isinstance(outcome.error, str)
@@ -2968,7 +2982,7 @@ def test_the_guard_holds_alike_answers_trips_at_its_size_and_lets_everything_go_
     (redrive.Outcome(Bucket.SKIP, None, redrive.DOT_SEGMENT), False, None),
 ])
 def test_what_counts_as_a_sign_of_a_wrong_setup(out, expect_json, sign):
-    cfg = Config(Path("ids.txt"), Path("state"), expect_json=expect_json)
+    cfg = Config(Path("ids.txt"), Path("state"), request=redrive.Request(expect_json=expect_json))
     assert redrive.misconfiguration_sign(out, cfg) == sign
 
 
