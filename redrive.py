@@ -2649,6 +2649,120 @@ class Books:
         self.tally.count(item.pass_no, "unavailable")
 
 
+class Settler:
+    """What each outcome means, applied, with no threads (Batch calls it under
+    its lock): the host's gate is told (see Host), the guard takes its sample
+    (see Guard), and the id's next step (see next_step) is written down
+    (see Books) and put on the timeline (see Schedule)."""
+
+    def __init__(self, cfg: Config, timeline: Schedule, books: Books, fx: Effects,
+                 say: Callable[[str], None], stop: Callable[[Stop], None]):
+        self.cfg, self.timeline, self.books, self.fx = cfg, timeline, books, fx
+        self.tally, self.counts = books.tally, books.counts
+        self.say, self.stop = say, stop
+        self.api = shown_host(cfg.request.url)  #: the fixed host, as messages name it
+        self.guard = Guard(0)  #: off until armed (see run)
+        self.last_due = 0.0  #: when the last id scheduled for a later pass is due (for the ETA)
+
+    def schedule(self, item: Item, ready_at: float) -> None:
+        """Put an id on the timeline (see Schedule.add), counted if it waits for a later pass."""
+        if item.pass_no > 1 and item.tries == 0:
+            self.counts["awaiting"] += 1
+            self.last_due = max(self.last_due, ready_at)
+        self.timeline.add(item, ready_at, self.fx.clock())
+
+    def finish(self, item: Item, outcome: Outcome) -> None:
+        """One outcome of an id in flight: the host, then the guard or the id."""
+        if self.observe(item, outcome):
+            self.schedule(item, self.fx.clock())  # it never reached the host: no try spent
+        elif self.guard.open:
+            for held, out in self.guard.offer(item, outcome, misconfiguration_sign(outcome, self.cfg)):
+                self.settle(held, out)
+            if self.guard.tripped and not self.tally.misconfigured:
+                self.tally.misconfigured = {"sign": self.guard.sign, "id": item.id, "answers": self.guard.size}
+                self.stop(Stop.MISCONFIGURED)
+        else:
+            self.settle(item, outcome)
+
+    def release_held(self) -> bool:
+        """The run ends before the guard decided: the answers it held are real
+        ones, settled as usual (unless it tripped, or a bug stops the run).
+        True when that left work to do."""
+        if not self.guard.held or self.guard.tripped or self.tally.crash:
+            return False
+        for held, out in self.guard.release():
+            self.settle(held, out)
+        return bool(self.timeline.heap or self.timeline.active)
+
+    def observe(self, item: Item, out: Outcome) -> bool:
+        """What an outcome says about its host: doing fine, slow down, or down.
+        True when the attempt does not count against the id: it never reached
+        the API's one host, so it says nothing about the id."""
+        host, now = self.timeline.hosts[item.host], self.fx.clock()
+        if out.unreached and self.timeline.fixed_host:
+            self._unreachable(host, out, now)
+            return True
+        if host.down_since is not None:
+            self.say(f"redrive: {self.api} answers again; resuming")
+            self.tally.down = None
+        host.reached()
+        if out.status in THROTTLE_STATUSES and out.bucket is Bucket.RETRYABLE:  # not if --skip or --fatal names it
+            return self._throttled(host, item, out, now)
+        elif out.status is not None:
+            host.succeeded(now, self.cfg.concurrency)  # a 404 or a 500 is no "slow down" either
+        else:
+            host.answered(now, "other")  # no answer at all (a timeout, a dropped connection): no growth
+        return False
+
+    def _throttled(self, host: Host, item: Item, out: Outcome, now: float) -> bool:
+        """A 429 or 503. The host's throttle costs the id no try: it goes
+        first again once the gate opens. Unless the wait asked for is past
+        --max-backoff, or the host has refused everything for STARVED_FOR x
+        --max-backoff: then it counts against the id, as any failure would."""
+        cap = self.cfg.max_backoff
+        wait = None if out.retry_after is None else min(out.retry_after, cap)
+        hosts = host.throttled(now, item.sent, wait, cap, out.status)
+        return hosts and (out.retry_after or 0.0) <= cap and host.starved_for(now) < STARVED_FOR * cap
+
+    def _unreachable(self, host: Host, out: Outcome, now: float) -> None:
+        """When every id goes to one host, that host being unreachable means the
+        API is down, not the ids: wait for it, and stop if it does not come back."""
+        was_down = host.down_since is not None
+        down = host.unreachable(now, self._probe_wait)
+        if down and not was_down:
+            self.tally.down = {"host": self.api, "reason": out.error, "since": iso(self.fx.wallclock()), "probes": 0}
+            self.say(f"redrive: {self.api} is unreachable ({out.error}); waiting for it, "
+                              f"{self.cfg.tries * self.cfg.passes} probes at most")
+        if down:
+            self.tally.down["probes"] = host.probes
+        if host.probes >= self.cfg.tries * self.cfg.passes:
+            self.stop(Stop.UNREACHABLE)
+
+    def _probe_wait(self, probe: int) -> float:
+        return backoff_delay(probe, self.cfg.backoff, self.cfg.max_backoff, self.fx.rand)
+
+    def settle(self, item: Item, out: Outcome) -> None:
+        """Apply what one attempt means for its id (see next_step)."""
+        item.tries += 1
+        host = self.timeline.hosts.get(item.host)
+        step = next_step(out, item.tries, item.pass_no, self.cfg, bool(host and host.rate),
+                         bool(self.tally.stop), self.fx.rand)
+        if step.move is Move.DONE:
+            self.books.done(item, out)
+        elif step.move is Move.HALT:
+            if not self.tally.fatal:
+                self.tally.fatal, self.tally.fatal_id = out, item.id
+            self.stop(Stop.FATAL)
+        elif step.move is Move.RETRY:
+            self.schedule(item, self.fx.clock() + step.wait)
+        elif step.move in (Move.FAIL, Move.GIVE_UP):
+            self.books.failed(item, step)
+            if step.move is Move.FAIL:
+                self.schedule(Item(item.id, item.pass_no + 1), self.fx.clock() + step.wait)
+        elif step.move is Move.UNAVAILABLE:
+            self.books.unavailable(item, step.outcome)
+
+
 class Batch:
     """Runs the passes: schedules ids by the time they become ready, behind
     their host's gate. Workers fetch, settle their outcome and take their
@@ -2659,7 +2773,6 @@ class Batch:
         self.redact, self.progress = redact, progress
         self.timeline = Schedule(cfg)
         self.host_settings = HostSettings()
-        self.api = shown_host(cfg.request.url)  #: the fixed host, as messages name it
         self.jobs = queue.SimpleQueue()  #: ids for idle workers, None to end
         self.wake = Wake()  #: for the main thread; set() is safe in a signal handler
         self.watchdog = Watchdog()
@@ -2668,28 +2781,20 @@ class Batch:
         self.tally = Tally()
         self.books = Books(cfg, ledger, state, redact, fx.wallclock, self.tally)
         self.counts = self.books.counts  #: done, unavailable, awaiting (a later pass): for the progress line
+        self.settler = Settler(cfg, self.timeline, self.books, fx, progress.say, self.request_stop)
         self.stop_at = None  # clock time to give up on requests in flight
         self.end_at = None if cfg.max_time is None else fx.clock() + cfg.max_time
         self.sleep = fx.sleep or self.wake.wait
         self.started_passes = set()
-        self.last_due = 0.0  #: when the last id scheduled for a later pass is due (for the ETA)
-        self.guard = Guard(0)  #: off until plan() arms it
         self.wakes_at = 0.0  #: when the main thread looks again, unless woken
         self.said_stopping = False
-
-    def schedule(self, item: Item, ready_at: float) -> None:
-        """Put an id on the timeline (see Schedule.add), counted if it waits for a later pass."""
-        if item.pass_no > 1 and item.tries == 0:
-            self.counts["awaiting"] += 1
-            self.last_due = max(self.last_due, ready_at)
-        self.timeline.add(item, ready_at, self.fx.clock())
 
     def snapshot(self) -> Snapshot:
         """The status line's figures (the lock held)."""
         timeline, counts = self.timeline, self.counts
         idle = not (timeline.inflight or timeline.active)
         return Snapshot(self.tally.requests, counts["done"], counts["unavailable"], counts["awaiting"],
-                        self.last_due, max(self.started_passes, default=1), timeline.paused_until(),
+                        self.settler.last_due, max(self.started_passes, default=1), timeline.paused_until(),
                         timeline.next_due() if idle else None)
 
     def request_stop(self, why: Stop) -> None:
@@ -2748,7 +2853,7 @@ class Batch:
         """One look at the run: sync, progress, deadline, start work. False: it is over."""
         timeline = self.timeline
         if timeline.empty():
-            return self._release_held()  # a retry it schedules keeps the run going
+            return self.settler.release_held()  # a retry it schedules keeps the run going
         self.ledger.sync_if_due()
         self.progress.tick(self.snapshot)
         if self.end_at is not None and not self.tally.stop and self.fx.clock() >= self.end_at:
@@ -2760,7 +2865,7 @@ class Batch:
             if timeline.inflight and self.fx.clock() < self.stop_at:
                 self._say_stopping()
                 return True
-            self._release_held()  # the run is over whatever it leaves: nothing is scheduled after a stop
+            self.settler.release_held()  # the run is over whatever it leaves: nothing is scheduled after a stop
             return False
         self._hand_out()
         return True
@@ -2775,16 +2880,6 @@ class Batch:
             self.progress.say(f"redrive: {self.tally.stop.value}: finishing the {self.timeline.inflight} request(s) "
                               f"in flight (up to {duration(self.stop_at - self.fx.clock())}); "
                               f"{again} to quit now, leaving them pending")
-
-    def _release_held(self) -> bool:
-        """The run ends before the guard decided: the answers it held are real
-        ones, settled as usual (unless it tripped, or a bug stops the run).
-        True when that left work to do."""
-        if not self.guard.held or self.guard.tripped or self.tally.crash:
-            return False
-        for held, out in self.guard.release():
-            self.settle(held, out)
-        return bool(self.timeline.heap or self.timeline.active)
 
     def _beyond_reach(self, due: float) -> bool:
         """Waiting for this would keep a cron run alive for nothing: the first
@@ -2864,16 +2959,7 @@ class Batch:
         self.timeline.inflight -= 1
         if self.tally.crash:
             return None  # the run is stopping for a bug: settle nothing more
-        if self.observe(item, outcome):
-            self.schedule(item, self.fx.clock())  # it never reached the host: no try spent
-        elif self.guard.open:
-            for held, out in self.guard.offer(item, outcome, misconfiguration_sign(outcome, self.cfg)):
-                self.settle(held, out)
-            if self.guard.tripped and not self.tally.misconfigured:
-                self.tally.misconfigured = {"sign": self.guard.sign, "id": item.id, "answers": self.guard.size}
-                self.request_stop(Stop.MISCONFIGURED)
-        else:
-            self.settle(item, outcome)
+        self.settler.finish(item, outcome)
         self.timeline.settled(item, self.fx.clock())
         mine = self._take_ready()
         if mine is not None:
@@ -2883,95 +2969,26 @@ class Batch:
             self.wake.set()  # the gate opens before the main thread looks again (a spent quota came back)
         return mine
 
-    # -- settling outcomes
-
-    def observe(self, item: Item, out: Outcome) -> bool:
-        """What an outcome says about its host: doing fine, slow down, or down.
-        True when the attempt does not count against the id: it never reached
-        the API's one host, so it says nothing about the id."""
-        host, now = self.timeline.hosts[item.host], self.fx.clock()
-        if out.unreached and self.timeline.fixed_host:
-            self._unreachable(host, out, now)
-            return True
-        if host.down_since is not None:
-            self.progress.say(f"redrive: {self.api} answers again; resuming")
-            self.tally.down = None
-        host.reached()
-        if out.status in THROTTLE_STATUSES and out.bucket is Bucket.RETRYABLE:  # not if --skip or --fatal names it
-            return self._throttled(host, item, out, now)
-        elif out.status is not None:
-            host.succeeded(now, self.cfg.concurrency)  # a 404 or a 500 is no "slow down" either
-        else:
-            host.answered(now, "other")  # no answer at all (a timeout, a dropped connection): no growth
-        return False
-
-    def _throttled(self, host: Host, item: Item, out: Outcome, now: float) -> bool:
-        """A 429 or 503. The host's throttle costs the id no try: it goes
-        first again once the gate opens. Unless the wait asked for is past
-        --max-backoff, or the host has refused everything for STARVED_FOR x
-        --max-backoff: then it counts against the id, as any failure would."""
-        cap = self.cfg.max_backoff
-        wait = None if out.retry_after is None else min(out.retry_after, cap)
-        hosts = host.throttled(now, item.sent, wait, cap, out.status)
-        return hosts and (out.retry_after or 0.0) <= cap and host.starved_for(now) < STARVED_FOR * cap
-
-    def _unreachable(self, host: Host, out: Outcome, now: float) -> None:
-        """When every id goes to one host, that host being unreachable means the
-        API is down, not the ids: wait for it, and stop if it does not come back."""
-        was_down = host.down_since is not None
-        down = host.unreachable(now, self._probe_wait)
-        if down and not was_down:
-            self.tally.down = {"host": self.api, "reason": out.error, "since": iso(self.fx.wallclock()), "probes": 0}
-            self.progress.say(f"redrive: {self.api} is unreachable ({out.error}); waiting for it, "
-                              f"{self.cfg.tries * self.cfg.passes} probes at most")
-        if down:
-            self.tally.down["probes"] = host.probes
-        if host.probes >= self.cfg.tries * self.cfg.passes:
-            self.request_stop(Stop.UNREACHABLE)
-
-    def _probe_wait(self, probe: int) -> float:
-        return backoff_delay(probe, self.cfg.backoff, self.cfg.max_backoff, self.fx.rand)
-
-    def settle(self, item: Item, out: Outcome) -> None:
-        """Apply what one attempt means for its id (see next_step)."""
-        item.tries += 1
-        host = self.timeline.hosts.get(item.host)
-        step = next_step(out, item.tries, item.pass_no, self.cfg, bool(host and host.rate),
-                         bool(self.tally.stop), self.fx.rand)
-        if step.move is Move.DONE:
-            self.books.done(item, out)
-        elif step.move is Move.HALT:
-            if not self.tally.fatal:
-                self.tally.fatal, self.tally.fatal_id = out, item.id
-            self.request_stop(Stop.FATAL)
-        elif step.move is Move.RETRY:
-            self.schedule(item, self.fx.clock() + step.wait)
-        elif step.move in (Move.FAIL, Move.GIVE_UP):
-            self.books.failed(item, step)
-            if step.move is Move.FAIL:
-                self.schedule(Item(item.id, item.pass_no + 1), self.fx.clock() + step.wait)
-        elif step.move is Move.UNAVAILABLE:
-            self.books.unavailable(item, step.outcome)
-
 def plan(ids: list, state: State, cfg: Config, batch: Batch, ledger: Ledger, fx: Effects) -> list:
     """Put every unsettled id on the schedule at the pass it reached; return
     the ids not done at the start (the report need look at no other)."""
     now, wall = fx.clock(), fx.wallclock()
     rest = list(filter(state.undone.__contains__, ids))  # load_state(undone=...) made it
-    batch.counts["done"] = len(ids) - len(rest)
+    settler = batch.settler
+    settler.counts["done"] = len(ids) - len(rest)
     for item_id in rest:
         if item_id in state.unavailable and not cfg.retry_unavailable:
-            batch.counts["unavailable"] += 1
+            settler.counts["unavailable"] += 1
             continue
         last = latest_failure(state, item_id)
         if last is None:
-            batch.schedule(Item(item_id), now)
+            settler.schedule(Item(item_id), now)
         elif last["pass"] >= cfg.passes:
             settle_exhausted(item_id, last, ledger, state, cfg, wall)
-            batch.counts["unavailable"] += 1
+            settler.counts["unavailable"] += 1
         else:
             ready = now + max(0.0, parse_iso(last["at"]) + pass_wait(cfg, last.get("retry_after")) - wall)
-            batch.schedule(Item(item_id, last["pass"] + 1), ready)
+            settler.schedule(Item(item_id, last["pass"] + 1), ready)
     return rest
 
 
@@ -3684,7 +3701,7 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
             batch = Batch(cfg, ledger, state, fx, redact, progress)
             rest = plan(ids, state, cfg, batch, ledger, fx)
             if cfg.guard and fresh and batch.timeline.pending() >= GUARD_MIN:  # nothing done yet: is the set-up right?
-                batch.guard = Guard(min(GUARD_SAMPLE, batch.timeline.pending()))
+                batch.settler.guard = Guard(min(GUARD_SAMPLE, batch.timeline.pending()))
             progress.say(f"redrive: {len(ids)} ids, {batch.timeline.pending()} to fetch, state in {cfg.state_dir}")
             with StopSignals(batch):
                 try:
