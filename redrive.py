@@ -2649,6 +2649,28 @@ class Books:
         self.tally.count(item.pass_no, "unavailable")
 
 
+def beyond_reach(due: float, now: float, end_at: Optional[float], cfg: Config) -> bool:
+    """Waiting for an id due at `due` would keep a cron run alive for
+    nothing: it is due past --max-time, or past both the cool-down and twice
+    --max-backoff (a Retry-After of a day)."""
+    if end_at is not None and due > end_at:
+        return True
+    return due - now > max(2 * cfg.max_backoff, cfg.cooldown)
+
+
+def stopping_line(stop: Stop, inflight: int, seconds: float) -> str:
+    """What a first stop signal waits for, and how to quit now."""
+    again = "press Ctrl+C again" if stop is Stop.INTERRUPTED else "send the signal again"
+    return (f"redrive: {stop.value}: finishing the {inflight} request(s) in flight (up to {duration(seconds)}); "
+            f"{again} to quit now, leaving them pending")
+
+
+def crash_record(exc: BaseException, item_id: Optional[str], now: float) -> dict:
+    """A bug, as crash.log and the report tell it."""
+    trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return {"id": item_id, "error": f"{type(exc).__name__}: {exc}", "at": now, "traceback": trace}
+
+
 class Settler:
     """What each outcome means, applied, with no threads (Batch calls it under
     its lock): the host's gate is told (see Host), the guard takes its sample
@@ -2663,6 +2685,29 @@ class Settler:
         self.api = shown_host(cfg.request.url)  #: the fixed host, as messages name it
         self.guard = Guard(0)  #: off until armed (see run)
         self.last_due = 0.0  #: when the last id scheduled for a later pass is due (for the ETA)
+        self.started_passes = set()
+
+    def take(self, now: float) -> Optional[Item]:
+        """The next id that may start now (see Schedule.take), counted as started."""
+        item = self.timeline.take(now)
+        if item is None:
+            return None
+        if item.pass_no > 1 and item.tries == 0:
+            self.counts["awaiting"] -= 1
+        if item.pass_no not in self.started_passes:
+            self.started_passes.add(item.pass_no)
+            if item.pass_no > 1:
+                self.say(f"redrive: pass {item.pass_no}: re-driving ids that failed pass {item.pass_no - 1}")
+        self.tally.requests += 1
+        return item
+
+    def snapshot(self) -> Snapshot:
+        """The status line's figures (the lock held)."""
+        timeline, counts = self.timeline, self.counts
+        idle = not (timeline.inflight or timeline.active)
+        return Snapshot(self.tally.requests, counts["done"], counts["unavailable"], counts["awaiting"],
+                        self.last_due, max(self.started_passes, default=1), timeline.paused_until(),
+                        timeline.next_due() if idle else None)
 
     def schedule(self, item: Item, ready_at: float) -> None:
         """Put an id on the timeline (see Schedule.add), counted if it waits for a later pass."""
@@ -2763,6 +2808,67 @@ class Settler:
             self.books.unavailable(item, step.outcome)
 
 
+class Timekeeper:
+    """The main thread's decisions, with no threads: the state made durable
+    and the status line drawn on time, --max-time, a run whose next id is
+    due beyond its reach, the grace for requests in flight after a stop,
+    and how long to wait before looking again."""
+
+    def __init__(self, cfg: Config, fx: Effects, timeline: Schedule, settler: Settler, ledger: Ledger, progress):
+        self.cfg, self.fx, self.timeline, self.settler = cfg, fx, timeline, settler
+        self.ledger, self.progress, self.tally = ledger, progress, settler.tally
+        self.end_at = None if cfg.max_time is None else fx.clock() + cfg.max_time
+        self.stop_at = None  #: clock time to give up on requests in flight
+        self.said_stopping = False
+
+    def stop(self, why: Stop) -> None:
+        """The first stop stands; requests in flight get a grace. Takes no lock (see Batch.request_stop)."""
+        if not self.tally.stop:
+            self.tally.stop = why
+            grace = self.cfg.timeout if why is Stop.TIME else min(GRACE_SECONDS, self.cfg.timeout)
+            self.stop_at = self.fx.clock() + grace
+
+    def tend(self) -> bool:
+        """One look at the run: sync, progress, deadline, a stop's grace. False: it is over."""
+        timeline, now = self.timeline, self.fx.clock()
+        if timeline.empty():
+            return self.settler.release_held()  # a retry it schedules keeps the run going
+        self.ledger.sync_if_due()
+        self.progress.tick(self.settler.snapshot)
+        if self.end_at is not None and not self.tally.stop and now >= self.end_at:
+            self.stop(Stop.TIME)
+        if not (self.tally.stop or timeline.inflight or timeline.active) and \
+                beyond_reach(timeline.next_due(), now, self.end_at, self.cfg):
+            self.tally.due = self.fx.wallclock() + timeline.next_due() - now
+            self.stop(Stop.LATER)
+        if not self.tally.stop:
+            return True
+        if timeline.inflight and now < self.stop_at:
+            if self.tally.stop in SIGNAL_STOPS and not self.said_stopping:
+                self.said_stopping = True
+                self.progress.say(stopping_line(self.tally.stop, timeline.inflight, self.stop_at - now))
+            return True
+        self.settler.release_held()  # the run is over whatever it leaves: nothing is scheduled after a stop
+        return False
+
+    def timeout(self) -> Optional[float]:
+        """How long the main thread may wait before it must look again."""
+        now = self.fx.clock()
+        limits = [self.stop_at] if self.tally.stop else []
+        wake = None if self.tally.stop else self.timeline.next_wake(now)
+        if wake is not None:
+            limits.append(wake)
+        if self.end_at is not None and not self.tally.stop:
+            limits.append(self.end_at)
+        timeout = max(0.0, min(limits) - now) if limits else None
+        inflight = self.timeline.inflight
+        real = inflight or self.fx.sleep is None  # injected sleeps stay exact in tests
+        for due in (self.ledger.seconds_to_sync(), self.progress.due_in()) if real else ():
+            if due is not None:
+                timeout = due if timeout is None else min(timeout, due)
+        return timeout if inflight else (timeout or 0.0)
+
+
 class Batch:
     """Runs the passes: schedules ids by the time they become ready, behind
     their host's gate. Workers fetch, settle their outcome and take their
@@ -2782,36 +2888,20 @@ class Batch:
         self.books = Books(cfg, ledger, state, redact, fx.wallclock, self.tally)
         self.counts = self.books.counts  #: done, unavailable, awaiting (a later pass): for the progress line
         self.settler = Settler(cfg, self.timeline, self.books, fx, progress.say, self.request_stop)
-        self.stop_at = None  # clock time to give up on requests in flight
-        self.end_at = None if cfg.max_time is None else fx.clock() + cfg.max_time
+        self.keeper = Timekeeper(cfg, fx, self.timeline, self.settler, ledger, progress)
         self.sleep = fx.sleep or self.wake.wait
-        self.started_passes = set()
         self.wakes_at = 0.0  #: when the main thread looks again, unless woken
-        self.said_stopping = False
-
-    def snapshot(self) -> Snapshot:
-        """The status line's figures (the lock held)."""
-        timeline, counts = self.timeline, self.counts
-        idle = not (timeline.inflight or timeline.active)
-        return Snapshot(self.tally.requests, counts["done"], counts["unavailable"], counts["awaiting"],
-                        self.settler.last_due, max(self.started_passes, default=1), timeline.paused_until(),
-                        timeline.next_due() if idle else None)
 
     def request_stop(self, why: Stop) -> None:
         """Stop starting requests; wait a little for those in flight.
         Safe in a signal handler: it takes no lock."""
-        if not self.tally.stop:
-            self.tally.stop = why
-            grace = self.cfg.timeout if why is Stop.TIME else min(GRACE_SECONDS, self.cfg.timeout)
-            self.stop_at = self.fx.clock() + grace
+        self.keeper.stop(why)
         self.wake.set()
 
     def crashed(self, exc: BaseException, item: Optional[Item] = None) -> None:
         """A bug in redrive: stop, keep the id pending, keep the traceback for crash.log."""
         if self.tally.crash is None:
-            self.tally.crash = {"id": item.id if item else None, "error": f"{type(exc).__name__}: {exc}",
-                                "at": self.fx.wallclock(),
-                                "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))}
+            self.tally.crash = crash_record(exc, item.id if item else None, self.fx.wallclock())
         self.tally.stop = None  # a crash outranks any other stop
         self.request_stop(Stop.CRASH)
 
@@ -2827,9 +2917,11 @@ class Batch:
                 with self.lock:
                     if self.failure:
                         raise self.failure
-                    if not self._tend():
+                    if not self.keeper.tend():
                         break
-                    timeout = self._timeout()
+                    if not self.tally.stop:
+                        self._hand_out()
+                    timeout = self.keeper.timeout()
                     self.wakes_at = self.fx.clock() + bounded_wait(timeout)
                     idle = not self.timeline.inflight
                     if idle:
@@ -2849,46 +2941,6 @@ class Batch:
             self.watchdog.close()
         return self.tally
 
-    def _tend(self) -> bool:
-        """One look at the run: sync, progress, deadline, start work. False: it is over."""
-        timeline = self.timeline
-        if timeline.empty():
-            return self.settler.release_held()  # a retry it schedules keeps the run going
-        self.ledger.sync_if_due()
-        self.progress.tick(self.snapshot)
-        if self.end_at is not None and not self.tally.stop and self.fx.clock() >= self.end_at:
-            self.request_stop(Stop.TIME)
-        if not (self.tally.stop or timeline.inflight or timeline.active) and self._beyond_reach(timeline.next_due()):
-            self.tally.due = self.fx.wallclock() + timeline.next_due() - self.fx.clock()
-            self.request_stop(Stop.LATER)
-        if self.tally.stop:
-            if timeline.inflight and self.fx.clock() < self.stop_at:
-                self._say_stopping()
-                return True
-            self.settler.release_held()  # the run is over whatever it leaves: nothing is scheduled after a stop
-            return False
-        self._hand_out()
-        return True
-
-    def _say_stopping(self) -> None:
-        """Once, on a stop signal with requests in flight: what the run waits
-        for, and how to quit now. Said from the main loop, never from the
-        signal handler (which may interrupt a write to the same stream)."""
-        if self.tally.stop in SIGNAL_STOPS and not self.said_stopping:
-            self.said_stopping = True
-            again = "press Ctrl+C again" if self.tally.stop is Stop.INTERRUPTED else "send the signal again"
-            self.progress.say(f"redrive: {self.tally.stop.value}: finishing the {self.timeline.inflight} request(s) "
-                              f"in flight (up to {duration(self.stop_at - self.fx.clock())}); "
-                              f"{again} to quit now, leaving them pending")
-
-    def _beyond_reach(self, due: float) -> bool:
-        """Waiting for this would keep a cron run alive for nothing: the first
-        id left is due past --max-time, or past both the cool-down and twice
-        --max-backoff (a Retry-After of a day)."""
-        if self.end_at is not None and due > self.end_at:
-            return True
-        return due - self.fx.clock() > max(2 * self.cfg.max_backoff, self.cfg.cooldown)
-
     def _hand_out(self) -> None:
         """Give idle workers every id that may start now."""
         while self.timeline.inflight < self.cfg.concurrency:
@@ -2897,36 +2949,9 @@ class Batch:
                 break
             self.jobs.put(item)
 
-    def _timeout(self) -> Optional[float]:
-        """How long the main thread may wait before it must look again."""
-        now = self.fx.clock()
-        limits = [self.stop_at] if self.tally.stop else []
-        wake = None if self.tally.stop else self.timeline.next_wake(now)
-        if wake is not None:
-            limits.append(wake)
-        if self.end_at is not None and not self.tally.stop:
-            limits.append(self.end_at)
-        timeout = max(0.0, min(limits) - now) if limits else None
-        inflight = self.timeline.inflight
-        real = inflight or self.fx.sleep is None  # injected sleeps stay exact in tests
-        for due in (self.ledger.seconds_to_sync(), self.progress.due_in()) if real else ():
-            if due is not None:
-                timeout = due if timeout is None else min(timeout, due)
-        return timeout if inflight else (timeout or 0.0)
-
     def _take_ready(self) -> Optional[Item]:
-        """The next id whose time has come and whose host lets it through, now."""
-        item = None if self.tally.stop or self.closed else self.timeline.take(self.fx.clock())
-        if item is None:
-            return None
-        if item.pass_no > 1 and item.tries == 0:
-            self.counts["awaiting"] -= 1
-        if item.pass_no not in self.started_passes:
-            self.started_passes.add(item.pass_no)
-            if item.pass_no > 1:
-                self.progress.say(f"redrive: pass {item.pass_no}: re-driving ids that failed pass {item.pass_no - 1}")
-        self.tally.requests += 1
-        return item
+        """The next id that may start now, unless the run is stopping."""
+        return None if self.tally.stop or self.closed else self.settler.take(self.fx.clock())
 
     def _work(self) -> None:
         """A worker: fetch, settle, and go straight on to the next ready id.
