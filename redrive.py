@@ -2717,7 +2717,7 @@ class Settler:
         self.timeline.add(item, ready_at, self.fx.clock())
 
     def finish(self, item: Item, outcome: Outcome) -> None:
-        """One outcome of an id in flight: the host, then the guard or the id."""
+        """One outcome of an id in flight: the host, then the guard or the id, then the timeline."""
         if self.observe(item, outcome):
             self.schedule(item, self.fx.clock())  # it never reached the host: no try spent
         elif self.guard.open:
@@ -2728,6 +2728,7 @@ class Settler:
                 self.stop(Stop.MISCONFIGURED)
         else:
             self.settle(item, outcome)
+        self.timeline.settled(item, self.fx.clock())
 
     def release_held(self) -> bool:
         """The run ends before the guard decided: the answers it held are real
@@ -2875,8 +2876,7 @@ class Batch:
     next id under one lock; the main thread keeps time and stops the run."""
 
     def __init__(self, cfg: Config, ledger: Ledger, state: State, fx: Effects, redact: Redactor, progress):
-        self.cfg, self.ledger, self.state, self.fx = cfg, ledger, state, fx
-        self.redact, self.progress = redact, progress
+        self.cfg, self.ledger, self.fx, self.redact = cfg, ledger, fx, redact
         self.timeline = Schedule(cfg)
         self.host_settings = HostSettings()
         self.jobs = queue.SimpleQueue()  #: ids for idle workers, None to end
@@ -2885,9 +2885,8 @@ class Batch:
         self.lock = threading.Lock()  #: guards the schedule, the tallies and the ledger
         self.closed, self.failure = False, None
         self.tally = Tally()
-        self.books = Books(cfg, ledger, state, redact, fx.wallclock, self.tally)
-        self.counts = self.books.counts  #: done, unavailable, awaiting (a later pass): for the progress line
-        self.settler = Settler(cfg, self.timeline, self.books, fx, progress.say, self.request_stop)
+        books = Books(cfg, ledger, state, redact, fx.wallclock, self.tally)
+        self.settler = Settler(cfg, self.timeline, books, fx, progress.say, self.request_stop)
         self.keeper = Timekeeper(cfg, fx, self.timeline, self.settler, ledger, progress)
         self.sleep = fx.sleep or self.wake.wait
         self.wakes_at = 0.0  #: when the main thread looks again, unless woken
@@ -2943,10 +2942,7 @@ class Batch:
 
     def _hand_out(self) -> None:
         """Give idle workers every id that may start now."""
-        while self.timeline.inflight < self.cfg.concurrency:
-            item = self._take_ready()
-            if item is None:
-                break
+        while self.timeline.inflight < self.cfg.concurrency and (item := self._take_ready()) is not None:
             self.jobs.put(item)
 
     def _take_ready(self) -> Optional[Item]:
@@ -2985,7 +2981,6 @@ class Batch:
         if self.tally.crash:
             return None  # the run is stopping for a bug: settle nothing more
         self.settler.finish(item, outcome)
-        self.timeline.settled(item, self.fx.clock())
         mine = self._take_ready()
         if mine is not None:
             self._hand_out()  # a success may have widened the gate: fill it now, not at the next tick
@@ -2993,6 +2988,7 @@ class Batch:
         if opens is not None and opens < self.wakes_at:
             self.wake.set()  # the gate opens before the main thread looks again (a spent quota came back)
         return mine
+
 
 def plan(ids: list, state: State, cfg: Config, batch: Batch, ledger: Ledger, fx: Effects) -> list:
     """Put every unsettled id on the schedule at the pass it reached; return
