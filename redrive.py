@@ -442,17 +442,6 @@ class Request:
     data: Optional[str] = None  #: the body template, ${VAR} read
     headers: tuple = ()  #: (name, value) pairs; values are secrets
 
-    def shape(self) -> dict:
-        """What run.json keeps: the url redacted (or "--demo"), the header names only."""
-        shape = {}
-        for f in dataclasses.fields(self):
-            if "shape" in f.metadata:
-                value = getattr(self, f.name)
-                shape[f.metadata["shape"]] = list(value) if isinstance(value, tuple) else value
-        shape["url"] = "--demo" if self.demo else redact_url(self.url_spec)
-        shape["headers"] = sorted(self.header_names)
-        return shape
-
     @property
     def header_names(self) -> frozenset:
         return frozenset(name.lower() for name, _ in self.headers)
@@ -549,7 +538,23 @@ class Effects:
     fsync: Callable[[int], None] = os.fsync  #: the state files' flush to disk
 
 
-# ------------------------------------------------------------ pure policy
+class RedirectFailed(Exception):
+    """Following a redirect failed; its cause says how (see Phase.REDIRECT)."""
+
+
+class UndecodableBody(Exception):
+    """A body that does not decompress as its Content-Encoding says."""
+
+    def __init__(self, coding: str):
+        super().__init__(coding)
+        self.coding = coding
+
+
+class AttemptTimeout(Exception):
+    """The whole attempt ran past --timeout (a server dripping its answer)."""
+
+
+# ---------------------------------------------------------------- pure core
 
 
 def classify_status(status: int, cfg: Config) -> Bucket:
@@ -561,6 +566,14 @@ def classify_status(status: int, cfg: Config) -> Bucket:
     if status in cfg.skip or not 200 <= status < 300:
         return Bucket.SKIP
     return Bucket.OK
+
+
+def status_reason(status: int) -> str:
+    """'503 Service Unavailable' for a known status, 'HTTP 599' otherwise."""
+    try:
+        return f"{status} {http.HTTPStatus(status).phrase}"
+    except ValueError:
+        return f"HTTP {status}"
 
 
 class Phase(Enum):
@@ -809,25 +822,6 @@ def pass_wait(cfg: "Config", retry_after: Optional[float]) -> float:
     return max(cfg.cooldown, retry_after or 0.0)
 
 
-#: Characters never printed raw: C0 and C1 controls, DEL, and the Unicode
-#: marks that reorder what a terminal shows. An id is data, not escape codes.
-UNPRINTABLE = {c: f"\\x{c:02x}" if c < 256 else f"\\u{c:04x}"
-               for c in [*range(32), *range(127, 160), 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]}
-
-
-def shown_text(text: str) -> str:
-    """text with every control character escaped (\\x1b, \\u202e): safe on a terminal."""
-    return text.translate(UNPRINTABLE)
-
-
-def status_reason(status: int) -> str:
-    """'503 Service Unavailable' for a known status, 'HTTP 599' otherwise."""
-    try:
-        return f"{status} {http.HTTPStatus(status).phrase}"
-    except ValueError:
-        return f"HTTP {status}"
-
-
 def recommend(bucket: Bucket, status: Optional[int], cause: Cause, reason: str, passes: int,
               many: bool = False) -> str:
     """The plain-words next step for an id (or, with many, a group of ids) that ends up unavailable."""
@@ -860,6 +854,30 @@ def recommend(bucket: Bucket, status: Optional[int], cause: Cause, reason: str, 
                "or rerun with --retry-unavailable once it is back"
     shown = status if status is not None else reason
     return f"still {shown} {after}: check {item} upstream, or rerun with --retry-unavailable"
+
+
+# ----------------------------------------------------- URL and text helpers
+
+
+#: Characters never printed raw: C0 and C1 controls, DEL, and the Unicode
+#: marks that reorder what a terminal shows. An id is data, not escape codes.
+UNPRINTABLE = {c: f"\\x{c:02x}" if c < 256 else f"\\u{c:04x}"
+               for c in [*range(32), *range(127, 160), 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]}
+
+
+def shown_text(text: str) -> str:
+    """text with every control character escaped (\\x1b, \\u202e): safe on a terminal."""
+    return text.translate(UNPRINTABLE)
+
+
+def duration(seconds: float) -> str:
+    """'42 s', '3m12s', '2h05m': short enough for a status line."""
+    seconds = max(1, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 def keyed_ids_warning(ids: list) -> Optional[str]:
@@ -984,6 +1002,27 @@ def parse_iso(text: str) -> float:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
 
 
+def shown_host(url: str) -> str:
+    """host[:port] of a URL, without any user:password@ part."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return f"{parts.hostname or ''}{f':{port}' if port else ''}"
+
+
+def host_of(template: str, item_id: str) -> str:
+    """The origin a request goes to, lower-cased."""
+    return urlsplit(build_url(template, item_id)).netloc.lower()
+
+
+def in_shard(item_id: str, shard: tuple) -> bool:
+    """Stable across machines and runs: crc32 of the UTF-8 id, modulo N."""
+    k, n = shard
+    return zlib.crc32(item_id.encode("utf-8")) % n == k - 1
+
+
 class Redactor:
     """Replaces every known secret value in a text with '***'."""
 
@@ -1000,6 +1039,9 @@ class Redactor:
         secret that starts just before it never shows its first characters."""
         longest = len(self.secrets[0]) if self.secrets else 0
         return self(text[:size + longest])[:size]
+
+
+# --------------------------------------------------------------- host gates
 
 
 @dataclass
@@ -1287,27 +1329,6 @@ def cubic_pace(elapsed: float, plateau: float = PLATEAU) -> float:
     return 1.0 + (1.0 - CUT_FACTOR) * ((elapsed - plateau) / plateau) ** 3
 
 
-def shown_host(url: str) -> str:
-    """host[:port] of a URL, without any user:password@ part."""
-    parts = urlsplit(url)
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    return f"{parts.hostname or ''}{f':{port}' if port else ''}"
-
-
-def host_of(template: str, item_id: str) -> str:
-    """The origin a request goes to, lower-cased."""
-    return urlsplit(build_url(template, item_id)).netloc.lower()
-
-
-def in_shard(item_id: str, shard: tuple) -> bool:
-    """Stable across machines and runs: crc32 of the UTF-8 id, modulo N."""
-    k, n = shard
-    return zlib.crc32(item_id.encode("utf-8")) % n == k - 1
-
-
 # ------------------------------------------------------------------ input
 
 
@@ -1422,7 +1443,46 @@ def parse_header(text: str, environ) -> tuple:
     return name, value, spec if STORABLE_HEADER.fullmatch(spec) else None
 
 
-# ------------------------------------------------------------ state files
+# ---------------------------------------------------------- state directory
+
+
+class RunLock:
+    """An exclusive flock on STATE_DIR/lock: no two runs share a state dir.
+    The kernel drops the lock when its process dies, so a stale lock never blocks."""
+
+    def __init__(self, state_dir: Path, wallclock: Callable[[], float] = time.time):
+        self.path, self.wallclock = state_dir / "lock", wallclock
+        self.fd = None
+
+    def __enter__(self):
+        try:
+            import fcntl
+        except ImportError:  # not on POSIX: no lock, nothing else changes
+            return self
+        try:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o644)
+        except OSError as exc:
+            raise RedriveError(f"{self.path}: cannot open ({exc.strerror.lower()}); check the state dir's "
+                               "permissions") from None
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(self.fd, 200).decode("utf-8", "replace").strip() or "pid ?, started ?"
+            os.close(self.fd)
+            raise RedriveError(f"another run ({shown_text(holder)}) is using {self.path.parent}",
+                               ExitCode.LOCKED) from None
+        try:
+            os.ftruncate(self.fd, 0)
+            os.write(self.fd, f"pid {os.getpid()}, started {iso(self.wallclock())}\n".encode())
+        except OSError as exc:
+            os.close(self.fd)
+            raise RedriveError(f"{self.path}: write failed ({exc.strerror.lower()}); free some space, "
+                               "then rerun") from None
+        return self
+
+    def __exit__(self, *exc):
+        if self.fd is not None:
+            os.close(self.fd)
 
 
 @dataclass
@@ -1534,6 +1594,15 @@ def repair_torn_tail(path: Path) -> Optional[str]:
         keep = _last_newline(fh, size) + 1
         fh.truncate(keep)
     return f"{path.name}: cut off a torn last line ({size - keep} bytes, from an interrupted write)"
+
+
+def has_torn_tail(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            return size > 0 and _byte_at(fh, size - 1) != b"\n"
+    except FileNotFoundError:
+        return False
 
 
 def _byte_at(fh, offset: int) -> bytes:
@@ -1770,6 +1839,19 @@ def latest_failure(state: State, item_id: str) -> Optional[dict]:
     return failed
 
 
+def request_shape(request: Request) -> dict:
+    """What run.json keeps of a Request: each field with a "shape" key, the
+    url redacted (or "--demo"), the header names only (see Request)."""
+    shape = {}
+    for f in dataclasses.fields(request):
+        if "shape" in f.metadata:
+            value = getattr(request, f.name)
+            shape[f.metadata["shape"]] = list(value) if isinstance(value, tuple) else value
+    shape["url"] = "--demo" if request.demo else redact_url(request.url_spec)
+    shape["headers"] = sorted(request.header_names)
+    return shape
+
+
 def shape_hash(shape: dict) -> str:
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -1786,7 +1868,7 @@ def read_run_record(state_dir: Path) -> Optional[dict]:
     problem = run_record_problem(record)
     if problem:
         raise RedriveError(f"{path}: not a redrive run record ({problem}); move it away, or use a new --state-dir")
-    known = Request().shape()
+    known = request_shape(Request())
     unknown = sorted(set(record["shape"]) - set(known))
     if unknown:
         raise RedriveError(f"{path}: written by redrive {str(record.get('redrive', '?'))[:20]}, whose request has "
@@ -1833,7 +1915,7 @@ def settle_run_record(cfg: Config, record: Optional[dict], anything_done: bool, 
     """Refuse a changed request when done ids would mix two requests (unless
     allowed), then record the current one. Returns (a note on a change
     taken, or None; the time since which verdicts count, or None)."""
-    shape = cfg.request.shape()
+    shape = request_shape(cfg.request)
     changes = shape_changes(record["shape"], shape) if record else []
     retarget = bool(changes) and any(record["shape"].get(k) != shape[k] for k in TARGET_FIELDS)
     if changes and anything_done and not cfg.allow_config_change:
@@ -1908,22 +1990,6 @@ def recorded_request(record: dict, given: frozenset = frozenset()) -> dict:
 
 
 # ------------------------------------------------------------------- HTTP
-
-
-class AttemptTimeout(Exception):
-    """The whole attempt ran past --timeout (a server dripping its answer)."""
-
-
-class UndecodableBody(Exception):
-    """A body that does not decompress as its Content-Encoding says."""
-
-    def __init__(self, coding: str):
-        super().__init__(coding)
-        self.coding = coding
-
-
-class RedirectFailed(Exception):
-    """Following a redirect failed; its cause says how (see Phase.REDIRECT)."""
 
 
 #: What the network, a server or the HTTP libraries may raise during an
@@ -2427,7 +2493,7 @@ def decode(raw: bytes, resp: requests.Response) -> tuple:
     return raw.decode("utf-8", errors="replace"), False
 
 
-# --------------------------------------------------------------- run loop
+# --------------------------------------------------- scheduler and run loop
 
 
 class Wake:
@@ -2647,6 +2713,20 @@ class Books:
         give_up(record, self.ledger, self.state)
         self.counts["unavailable"] += 1
         self.tally.count(item.pass_no, "unavailable")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the status line shows, taken from the batch under its lock."""
+
+    requests: int
+    done: int
+    unavailable: int
+    awaiting: int  #: ids failed in a pass, waiting for the next
+    last_due: float  #: when the last of them is due
+    pass_no: int
+    paused_until: float  #: the latest pause of a host with ids ready
+    waiting_until: Optional[float]  #: nothing in flight or ready: when the next id is due
 
 
 def beyond_reach(due: float, now: float, end_at: Optional[float], cfg: Config) -> bool:
@@ -3019,21 +3099,7 @@ def settle_exhausted(item_id, last, ledger, state, cfg, wall) -> None:
                                last["tries"], wall, cfg.passes), ledger, state)
 
 
-# ----------------------------------------------------------------- report
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """What the status line shows, taken from the batch under its lock."""
-
-    requests: int
-    done: int
-    unavailable: int
-    awaiting: int  #: ids failed in a pass, waiting for the next
-    last_due: float  #: when the last of them is due
-    pass_no: int
-    paused_until: float  #: the latest pause of a host with ids ready
-    waiting_until: Optional[float]  #: nothing in flight or ready: when the next id is due
+# ------------------------------------------------------ report and progress
 
 
 class Progress:
@@ -3115,16 +3181,6 @@ class Progress:
         if self.shown:
             self.stream.write("\r\x1b[K")
             self.shown = False
-
-
-def duration(seconds: float) -> str:
-    """'42 s', '3m12s', '2h05m': short enough for a status line."""
-    seconds = max(1, round(seconds))
-    if seconds < 60:
-        return f"{seconds} s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 def residue(ids: list, state: State, tally: Tally) -> tuple:
@@ -3262,6 +3318,9 @@ def stop_lines(tally: Tally, cfg: Config, redact: Redactor) -> list:
     return []
 
 
+# -------------------------------------------------------------------- check
+
+
 def check(ids_file: Path, state_dir: Path, quiet: bool, out) -> ExitCode:
     """--check: reconcile IDS_FILE with the state dir. No network, no writes:
     absence is only visible against the full expected set, so here it is.
@@ -3309,15 +3368,6 @@ def state_counts(total: int, state: State, wanted: dict) -> Counter:
     return counts
 
 
-def has_torn_tail(path: Path) -> bool:
-    try:
-        with open(path, "rb") as fh:
-            size = fh.seek(0, os.SEEK_END)
-            return size > 0 and _byte_at(fh, size - 1) != b"\n"
-    except FileNotFoundError:
-        return False
-
-
 #: A results line as redrive writes it, read without a JSON parse: the id
 #: (no escapes in it), a url, a status, a time, and the line's end.
 RESULT_LINE = re.compile(r'^\{"id":"([^"\\\n]*)","url":"[^\n]*?","status":\d{3},"fetched_at":"[^"\n]*",[^\n]*\}$',
@@ -3353,48 +3403,6 @@ def records_of(path: Path, block: bytes, first: int) -> Iterable[dict]:
     """The records of a block of whole lines (after line `first` of path), each checked as a whole."""
     for number, line in enumerate(block.splitlines(keepends=True), first + 1):
         yield checked_record(path, number, line)
-
-
-# ------------------------------------------------------------------- lock
-
-
-class RunLock:
-    """An exclusive flock on STATE_DIR/lock: no two runs share a state dir.
-    The kernel drops the lock when its process dies, so a stale lock never blocks."""
-
-    def __init__(self, state_dir: Path, wallclock: Callable[[], float] = time.time):
-        self.path, self.wallclock = state_dir / "lock", wallclock
-        self.fd = None
-
-    def __enter__(self):
-        try:
-            import fcntl
-        except ImportError:  # not on POSIX: no lock, nothing else changes
-            return self
-        try:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o644)
-        except OSError as exc:
-            raise RedriveError(f"{self.path}: cannot open ({exc.strerror.lower()}); check the state dir's "
-                               "permissions") from None
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.read(self.fd, 200).decode("utf-8", "replace").strip() or "pid ?, started ?"
-            os.close(self.fd)
-            raise RedriveError(f"another run ({shown_text(holder)}) is using {self.path.parent}",
-                               ExitCode.LOCKED) from None
-        try:
-            os.ftruncate(self.fd, 0)
-            os.write(self.fd, f"pid {os.getpid()}, started {iso(self.wallclock())}\n".encode())
-        except OSError as exc:
-            os.close(self.fd)
-            raise RedriveError(f"{self.path}: write failed ({exc.strerror.lower()}); free some space, "
-                               "then rerun") from None
-        return self
-
-    def __exit__(self, *exc):
-        if self.fd is not None:
-            os.close(self.fd)
 
 
 # ------------------------------------------------------------------- demo
@@ -3512,6 +3520,7 @@ def status_codes(text: str) -> frozenset:
         return parse_codes(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"give HTTP statuses such as 429,500-599, not {text!r}") from None
+
 
 EXAMPLES = """examples:
   python redrive.py sample_ids.txt --demo

@@ -451,14 +451,14 @@ def test_a_record_from_before_causes_were_kept_reads_its_cause_from_its_words(re
 def test_the_request_shape_and_its_options_come_from_the_request_fields():
     dests = {action.dest for action in redrive.build_parser()._actions}
     assert set(redrive.REQUEST_OPTIONS) <= dests  # every option a rerun takes back is a real one
-    assert list(redrive.Request().shape()) == ["method", "url", "data", "headers", "expect_json", "require",
+    assert list(redrive.request_shape(redrive.Request())) == ["method", "url", "data", "headers", "expect_json", "require",
                                                "require_field"]  # run.json's order, as before the dataclass
     request = redrive.Request(method="POST", url_spec="https://x.test/{id}?${Q}", url="https://x.test/{id}?k=abc",
                               headers=(("X-Key", "s3cret"),), header_specs=(("X-Key", "${KEY}"),), require=("ok",))
-    shape = request.shape()
+    shape = redrive.request_shape(request)
     assert shape["url"] == "https://x.test/{id}?${Q}" and shape["headers"] == ["x-key"] and shape["require"] == ["ok"]
     assert "s3cret" not in json.dumps(shape) and "abc" not in json.dumps(shape)
-    assert redrive.Request(demo=True).shape()["url"] == "--demo"
+    assert redrive.request_shape(redrive.Request(demo=True))["url"] == "--demo"
 
 
 NOW = 1_700_000_000.0
