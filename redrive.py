@@ -1002,19 +1002,34 @@ def parse_iso(text: str) -> float:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
 
 
-def shown_host(url: str) -> str:
-    """host[:port] of a URL, without any user:password@ part."""
+def url_origin(url: str) -> tuple:
+    """(scheme, host, port or None) of a URL, as urllib reads them: lower
+    case, no user:password@ part, None for a port that is not given (or is
+    not a number). The one host identity the helpers below share."""
     parts = urlsplit(url)
     try:
         port = parts.port
     except ValueError:
         port = None
-    return f"{parts.hostname or ''}{f':{port}' if port else ''}"
+    return parts.scheme.lower(), parts.hostname, port
+
+
+def origin_of(url: str) -> tuple:
+    """(scheme, host, port): the port filled in from the scheme, for the origin checks of redirects and cookies."""
+    scheme, host, port = url_origin(url)
+    return scheme, host, port or {"http": 80, "https": 443}.get(scheme)
+
+
+def shown_host(url: str) -> str:
+    """host[:port] of a URL, as messages name it (the port only when given)."""
+    _, host, port = url_origin(url)
+    return f"{host or ''}{f':{port}' if port else ''}"
 
 
 def host_of(template: str, item_id: str) -> str:
-    """The origin a request goes to, lower-cased."""
-    return urlsplit(build_url(template, item_id)).netloc.lower()
+    """The gate an id's request goes through: one per origin (see origin_of)."""
+    scheme, host, port = origin_of(build_url(template, item_id))
+    return f"{scheme}://{host or ''}:{port or ''}"
 
 
 def in_shard(item_id: str, shard: tuple) -> bool:
@@ -2278,16 +2293,6 @@ def drop_connection(resp: requests.Response) -> None:
     conn = getattr(resp.raw, "connection", None)
     if conn is not None:
         conn.close()
-
-
-def origin_of(url: str) -> tuple:
-    parts = urlsplit(url)
-    default = {"http": 80, "https": 443}.get(parts.scheme)
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    return parts.scheme, parts.hostname, port or default
 
 
 def make_session(cfg: Config, settings: HostSettings, watchdog: Watchdog) -> GuardedSession:

@@ -461,6 +461,15 @@ def test_the_request_shape_and_its_options_come_from_the_request_fields():
     assert redrive.request_shape(redrive.Request(demo=True))["url"] == "--demo"
 
 
+def test_one_host_identity_gives_the_gate_the_origin_and_the_name_in_messages():
+    assert redrive.host_of("http://USER:pw@Api.Example:80/{id}", "a") == redrive.host_of("http://api.example/x", "")
+    assert redrive.host_of("https://api.example/{id}", "a") != redrive.host_of("http://api.example/{id}", "a")
+    assert redrive.origin_of("https://api.example/x") == ("https", "api.example", 443)
+    assert redrive.shown_host("https://u:p@Api.Example:8443/x") == "api.example:8443"  # no credentials shown
+    assert redrive.shown_host("https://api.example/x") == "api.example"  # the port only when given
+    assert redrive.shown_host("http://api.example:bad/x") == "api.example"
+
+
 NOW = 1_700_000_000.0
 
 
@@ -2236,7 +2245,7 @@ def test_idle_hosts_are_forgotten_and_throttled_ones_kept(server, tmp_path):
            *(f"http://localhost:{port}/items/t{n}" for n in (1, 2, 3, 4))]
     batch = run_batch(tmp_path, ids, "--concurrency", "1", "--backoff", "0")
     assert server.hits == Counter({"a": 1, "b": 1, "t1": 2, "t2": 2, "t3": 2, "t4": 2})
-    assert list(batch.timeline.hosts) == [f"localhost:{port}"]  # the 127.0.0.1 gate was as new: gone
+    assert list(batch.timeline.hosts) == [f"http://localhost:{port}"]  # the 127.0.0.1 gate was as new: gone
 
 
 def test_an_answer_that_opens_a_gate_early_wakes_the_main_thread(tmp_path):
