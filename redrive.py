@@ -4,7 +4,7 @@
 # ///
 """redrive: finish a batch of HTTP requests, pay for nothing twice, say what is missing.
 
-usage: python redrive.py IDS_FILE [--url TEMPLATE] [--state-dir DIR] [options]
+usage: python redrive.py IDS_FILE [--url TEMPLATE] [-H 'NAME: VALUE'] [options]
 
 IDS_FILE holds one id per line (UTF-8; blank lines and '#' lines are skipped).
 Each id becomes one request: --url TEMPLATE with {id} replaced by the
@@ -3551,12 +3551,20 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{', '.join(action.option_strings)} {self._format_args(action, action.dest.upper())}"
 
 
-USAGE = "redrive.py IDS_FILE [--url TEMPLATE] [-H 'NAME: VALUE'] [options]"
+def usage_parts(doc: str) -> tuple:
+    """(usage line, description) for --help, from the module docstring: its
+    usage line, and its first line and first paragraph. One text says it."""
+    paragraphs = doc.split("\n\n")
+    usage = paragraphs[1].removeprefix("usage: python ")
+    return usage, f"{paragraphs[0]}\n\n{paragraphs[2]}"
+
+
+USAGE, DESCRIPTION = usage_parts(__doc__)
 
 
 def build_parser() -> Parser:
     p = Parser(prog="redrive.py", usage=USAGE, epilog=EXAMPLES, formatter_class=HelpFormatter,
-               description="Finish a batch of HTTP requests, resumably; say what is missing and why.")
+               description=DESCRIPTION)
     p.add_argument("ids_file", metavar="IDS_FILE", type=Path, help="one id (or full http(s) URL) per line")
     req = p.add_argument_group("request (kept in run.json: a rerun without these reuses them)")
     req.add_argument("--url", metavar="TEMPLATE", help="URL with {id} (default: each id is a URL)")

@@ -1230,6 +1230,11 @@ def test_help_and_version(capsys):
     assert "examples:" in out and "--retry-unavailable" in out
     codes = out.split("exit codes:\n")[1].splitlines()
     assert [int(line.split()[0]) for line in codes] == [int(code) for code in ExitCode]  # one line each, the last
+    usage = next(line for line in redrive.__doc__.splitlines() if line.startswith("usage: "))
+    assert out.startswith(usage.replace("python ", "", 1) + "\n")  # the docstring's usage line, not a copy
+    assert redrive.__doc__.splitlines()[0] in out
+    told = redrive.__doc__.split("Exit codes:")[1]  # the docstring's own list names every code, and no other
+    assert sorted(map(int, re.findall(r"\b(\d{1,3}) ", told))) == sorted(int(code) for code in ExitCode)
 
 
 def test_a_mistyped_option_gets_the_closest_one_suggested(tmp_path):
