@@ -1060,6 +1060,85 @@ class Redactor:
 
 
 @dataclass
+class Quota:
+    """A host's quota windows, as its answers show them (see ALLOWANCE,
+    PERIOD_SLACK, SHORT_PAUSE): spells of refusing everything with no
+    Retry-After, what a long window allows and when the next one opens."""
+
+    starved_since: Optional[float] = None  #: refusing everything since, with no Retry-After
+    spells: deque = field(default_factory=lambda: deque(maxlen=2))  #: the last two such spells: (from, until, oks by then)
+    oks: int = 0  #: answers that were not throttles, ever
+    allowance: Optional[int] = None  #: what the last long window took: past it, one probe at a time
+    opened_oks: int = 0  #: oks when the current long window opened
+    sent_in_window: int = 0  #: requests started since then
+    opened: Optional[float] = None  #: when the current long window opened, found by a probe
+    period: Optional[float] = None  #: seconds from the long window before to this one
+    spread: float = 0.0  #: how late the probe may have found this one: the time since the last refused
+
+    def accepted(self, now: float, first_answer: float, refused_at: float) -> None:
+        """An answer that was not a throttle: a spell of refusals (the last at refused_at) ends."""
+        if self.starved_since is not None:
+            self.spells.append((self.starved_since, now, self.oks))
+            if now - self.starved_since > SHORT_PAUSE:  # a long window's end: this probe is the next one's first
+                self.long_window_ends(sent=1)
+                self.period = now - (first_answer if self.opened is None else self.opened)
+                self.opened, self.spread = now, now - refused_at
+        self.starved_since = None
+        self.oks += 1
+        if self.allowance is not None and self.oks - self.opened_oks > self.allowance:
+            self.allowance = None  # this window allows more than the last
+
+    def probe_pause(self, now: float) -> float:
+        """The pause before the next probe of a host refusing everything with
+        no Retry-After: STARVED_SHARE of the time it has refused so far
+        (PROBE_FIRST at least). When its long windows have a known period
+        (see PERIOD_SLACK), until just before the next is due, then steps
+        of PERIOD_SLACK x the period until a quarter period past it. The
+        last opening may have been found late by its spread: the steps begin
+        that much earlier."""
+        pause = max(PROBE_FIRST, STARVED_SHARE * (now - self.starved_since))
+        if self.period is None:
+            return pause
+        due = self.opened + self.period
+        early = due - PERIOD_SLACK * self.period - self.spread
+        if now < early:
+            return early - now
+        if now < due + STARVED_SHARE * self.period:
+            return min(pause, max(PROBE_FIRST, PERIOD_SLACK * self.period))
+        return pause
+
+    def spent(self) -> bool:
+        """The long window's allowance is sent (see ALLOWANCE)."""
+        return self.allowance is not None and self.sent_in_window >= self.allowance
+
+    def long_window_ends(self, sent: int) -> None:
+        """A long quota window (see ALLOWANCE) ended: what it took is the next one's allowance."""
+        self.allowance = self.oks - self.opened_oks
+        self.opened_oks, self.sent_in_window = self.oks, sent
+
+    def after_short_spell(self, before: float) -> Optional[tuple]:
+        """pace_taken's answer for short quota windows with no Retry-After: the
+        host refused everything for a spell (SHORT_PAUSE seconds or less)
+        since `before`, and for one more before it. The first answer after a
+        spell is a window's first: what the host took from one such answer to
+        the next, over the time between them, is its allowance per window
+        (None when that is not the case, or when so few answers are a guess)."""
+        if len(self.spells) < 2:
+            return None
+        (_, opened, first), (began, ended, last) = self.spells
+        if ended <= before or ended - began > SHORT_PAUSE or ended - opened > 2 * SHORT_PAUSE:
+            return None
+        answers = last - first
+        if answers < PACE_ANSWERS:
+            return None
+        return answers, 0, ended - opened, False, ended - began
+
+    def starved_for(self, now: float) -> float:
+        """Seconds the host has refused everything sent after a reaction (0: it has not)."""
+        return 0.0 if self.starved_since is None else now - self.starved_since
+
+
+@dataclass
 class Host:
     """One origin's gate: a pause, an adaptive rate and concurrency.
 
@@ -1098,15 +1177,7 @@ class Host:
     last_ok: float = float("-inf")  #: the last answer that was not a throttle
     recent: deque = field(default_factory=deque)  #: (time, kind) of the last second's answers
     run: int = 0  #: throttles in a row
-    starved_since: Optional[float] = None  #: refusing everything since, with no Retry-After
-    spells: deque = field(default_factory=lambda: deque(maxlen=2))  #: the last two such spells: (from, until, oks by then)
-    oks: int = 0  #: answers that were not throttles, ever
-    allowance: Optional[int] = None  #: what the last long window took: past it, one probe at a time
-    opened_oks: int = 0  #: oks when the current long window opened
-    sent_in_window: int = 0  #: requests started since then
-    opened: Optional[float] = None  #: when the current long window opened, found by a probe
-    period: Optional[float] = None  #: seconds from the long window before to this one
-    spread: float = 0.0  #: how late the probe may have found this one: the time since the last refused
+    quota: Quota = field(default_factory=Quota)  #: its windows, spells of refusals and allowance
     unreached: int = 0  #: requests in a row that never reached the host
     down_since: Optional[float] = None  #: when it was taken as down
     probes: int = 0  #: probes that failed since then
@@ -1115,14 +1186,14 @@ class Host:
 
     def opens_at(self, now: float) -> Optional[float]:
         """When the gate lets the next request through: now, later, or None (full)."""
-        ceiling = 1 if self.starved_since is not None or self.spent() else min(self.cap, int(self.limit))
+        ceiling = 1 if self.quota.starved_since is not None or self.quota.spent() else min(self.cap, int(self.limit))
         if self.inflight >= ceiling:
             return None
         return max(now, self.paused_until, self.next_slot)
 
     def start(self, now: float) -> None:
         self.inflight += 1
-        self.sent_in_window += 1
+        self.quota.sent_in_window += 1
         self.probing = self.down_since is not None
         if self.rate:
             self.next_slot = max(self.next_slot, now) + 1.0 / self.rate
@@ -1137,16 +1208,8 @@ class Host:
         if kind in REFUSALS:
             self.run += 1
         elif kind == "ok":
-            if self.starved_since is not None:
-                self.spells.append((self.starved_since, now, self.oks))
-                if now - self.starved_since > SHORT_PAUSE:  # a long window's end: this probe is the next one's first
-                    self.long_window_ends(sent=1)
-                    self.period = now - (self.first_answer if self.opened is None else self.opened)
-                    self.opened, self.spread = now, now - self.reacted_at
-            self.run, self.last_ok, self.starved_since = 0, now, None
-            self.oks += 1
-            if self.allowance is not None and self.oks - self.opened_oks > self.allowance:
-                self.allowance = None  # this window allows more than the last
+            self.quota.accepted(now, self.first_answer, self.reacted_at)
+            self.run, self.last_ok = 0, now
 
     def forgettable(self, now: float, ceiling: int) -> bool:
         """Idle and as a new host would be: nothing is lost by dropping it."""
@@ -1203,67 +1266,32 @@ class Host:
 
     def host_wide(self, status: int, wait: Optional[float]) -> bool:
         """Is this throttle the host's limit? See HOST_RUN."""
-        if self.starved_since is not None or self.spent():  # refusing everything, or the allowance is spent
+        if self.quota.starved_since is not None or self.quota.spent():  # refusing everything, or the allowance is spent
             return True
-        now = self.recent[-1][0]
-        since = now - SHARE_WINDOW
-        if len(self.recent) >= SHARE_ANSWERS:  # a slow host: its last SHARE_ANSWERS answers, if longer ago
-            since = min(since, self.recent[-SHARE_ANSWERS][0])
-        last = [kind for t, kind in self.recent if t >= since]
-        if self.rate and status == 429:  # a host known to limit says "too fast" with a 429
-            return wait is not None or last.count("throttle") >= max(PACED_RUN, PACED_SHARE * len(last))
-        throttles = sum(1 for kind in last if kind in REFUSALS)
-        return self.run >= HOST_RUN or (throttles >= HOST_RUN and throttles >= THROTTLE_SHARE * len(last))
+        return hosts_throttle(self.recent, self.run, bool(self.rate), status, wait)
 
     def react(self, now: float, wait: Optional[float], cap: float) -> None:
         """The host's throttle of a request sent after the last reaction."""
+        quota = self.quota
         starved = self.last_ok < self.reacted_at  # nothing accepted since the last reaction
-        ended = self.spent() and not starved  # a long window's end foreseen (see ALLOWANCE): no fault of the pace
+        ended = quota.spent() and not starved  # a long window's end foreseen (see ALLOWANCE): no fault of the pace
         before, self.reacted_at, self.slow_start = self.reacted_at, now, False
-        if (starved or ended and wait is None) and self.starved_since is None:
-            self.starved_since = now
+        if (starved or ended and wait is None) and quota.starved_since is None:
+            quota.starved_since = now
         if (starved or ended) and wait is None:
-            self.paused_until = max(self.paused_until, now + min(cap, self.probe_pause(now)))
+            self.paused_until = max(self.paused_until, now + min(cap, quota.probe_pause(now)))
         elif not (starved or ended):
             self.cut(now, before, wait)
         if wait is not None:
             self.window_start = now + wait
         if wait is not None and wait > SHORT_PAUSE and not starved:
-            self.long_window_ends(sent=0)
-
-    def probe_pause(self, now: float) -> float:
-        """The pause before the next probe of a host refusing everything with
-        no Retry-After: STARVED_SHARE of the time it has refused so far
-        (PROBE_FIRST at least). When its long windows have a known period
-        (see PERIOD_SLACK), until just before the next is due, then steps
-        of PERIOD_SLACK x the period until a quarter period past it. The
-        last opening may have been found late by its spread: the steps begin
-        that much earlier."""
-        pause = max(PROBE_FIRST, STARVED_SHARE * (now - self.starved_since))
-        if self.period is None:
-            return pause
-        due = self.opened + self.period
-        early = due - PERIOD_SLACK * self.period - self.spread
-        if now < early:
-            return early - now
-        if now < due + STARVED_SHARE * self.period:
-            return min(pause, max(PROBE_FIRST, PERIOD_SLACK * self.period))
-        return pause
-
-    def spent(self) -> bool:
-        """The long window's allowance is sent (see ALLOWANCE)."""
-        return self.allowance is not None and self.sent_in_window >= self.allowance
-
-    def long_window_ends(self, sent: int) -> None:
-        """A long quota window (see ALLOWANCE) ended: what it took is the next one's allowance."""
-        self.allowance = self.oks - self.opened_oks
-        self.opened_oks, self.sent_in_window = self.oks, sent
+            quota.long_window_ends(sent=0)
 
     def cut(self, now: float, before: float = float("-inf"), wait: Optional[float] = None) -> None:
         """The rate to CUT_FACTOR of the pace the host took since the last
         reaction at `before` (see CUT_FACTOR), the concurrency to half."""
-        spell = self.after_short_spell(now, before, wait)
-        answers, refused, span, guess, cost = spell or self.measure(now, before, wait)
+        spell = None if wait is not None else self.quota.after_short_spell(before)
+        answers, refused, span, guess, cost = spell or pace_taken(self, now, before, wait)
         previous = self.peak
         self.limit = max(1.0, self.limit / 2)
         if self.rate is None:
@@ -1279,54 +1307,49 @@ class Host:
         self.next_slot = max(self.next_slot, now + 1.0 / self.rate)  # the next request one slot after the throttle
         self.plateau = PLATEAU * (1.0 + cost) * 2 ** self.steady(previous)  # probe a costly or steady limit less often
 
-    def measure(self, now: float, before: float, wait: Optional[float]) -> tuple:
-        """What the host took: (answers, throttles, over how many seconds, a
-        guess?, the pause a probe past this pace costs). See CUT_FACTOR and SHORT_PAUSE."""
-        opened = self.window_start if self.window_start <= now else float("-inf")
-        guess = None
-        if wait is not None and wait <= SHORT_PAUSE:  # a short quota window's end
-            start = max(now - 1.0, self.first_answer, opened)
-            # opened within the last second: a burst and this pause are one window, its allowance the answers
-            end = self.paused_until if start > now - 1.0 else now
-            cost, guess = (wait if end == now else 0.0), False  # a window's allowance is measured whole
-        else:  # the pace of the last answers: PACE_ANSWERS of them, or GUESS_SPAN seconds' worth
-            since = max(now - 1.0, self.first_answer, opened, before)
-            times = [t for t, kind in self.recent if t >= since and kind not in REFUSALS]
-            last = times[-PACE_ANSWERS] if len(times) >= PACE_ANSWERS else since
-            start, end, cost = max(since, min(last, now - GUESS_SPAN)), now, wait or 0.0
-        kinds = [kind for t, kind in self.recent if t >= start]
-        refused = sum(kind in REFUSALS for kind in kinds)
-        answers = len(kinds) - refused
-        if guess is None:
-            guess = answers < PACE_ANSWERS or end - start < GUESS_SPAN
-        return answers, refused, end - start, guess, cost
-
-    def after_short_spell(self, now: float, before: float, wait: Optional[float]) -> Optional[tuple]:
-        """measure's answer for short quota windows with no Retry-After: the
-        host refused everything for a spell (SHORT_PAUSE seconds or less)
-        since `before`, and for one more before it. The first answer after a
-        spell is a window's first: what the host took from one such answer to
-        the next, over the time between them, is its allowance per window
-        (None when that is not the case, or when so few answers are a guess)."""
-        if wait is not None or len(self.spells) < 2:
-            return None
-        (_, opened, first), (began, ended, last) = self.spells
-        if ended <= before or ended - began > SHORT_PAUSE or ended - opened > 2 * SHORT_PAUSE:
-            return None
-        answers = last - first
-        if answers < PACE_ANSWERS:
-            return None
-        return answers, 0, ended - opened, False, ended - began
-
     def steady(self, previous: Optional[float]) -> int:
         """Cuts in a row at a peak within STEADY_BAND of the one before (STEADY_MAX at most)."""
         near = previous is not None and abs(self.peak - previous) <= STEADY_BAND * previous
         self.steady_cuts = min(STEADY_MAX, self.steady_cuts + 1) if near else 0
         return self.steady_cuts
 
-    def starved_for(self, now: float) -> float:
-        """Seconds the host has refused everything sent after a reaction (0: it has not)."""
-        return 0.0 if self.starved_since is None else now - self.starved_since
+
+def pace_taken(host: Host, now: float, before: float, wait: Optional[float]) -> tuple:
+    """What the host took before its throttle at `now` (the last reaction at
+    `before`, the pause asked `wait`): (answers, throttles, over how many
+    seconds, a guess?, the pause a probe past this pace costs). See
+    CUT_FACTOR and SHORT_PAUSE."""
+    opened = host.window_start if host.window_start <= now else float("-inf")
+    guess = None
+    if wait is not None and wait <= SHORT_PAUSE:  # a short quota window's end
+        start = max(now - 1.0, host.first_answer, opened)
+        # opened within the last second: a burst and this pause are one window, its allowance the answers
+        end = host.paused_until if start > now - 1.0 else now
+        cost, guess = (wait if end == now else 0.0), False  # a window's allowance is measured whole
+    else:  # the pace of the last answers: PACE_ANSWERS of them, or GUESS_SPAN seconds' worth
+        since = max(now - 1.0, host.first_answer, opened, before)
+        times = [t for t, kind in host.recent if t >= since and kind not in REFUSALS]
+        last = times[-PACE_ANSWERS] if len(times) >= PACE_ANSWERS else since
+        start, end, cost = max(since, min(last, now - GUESS_SPAN)), now, wait or 0.0
+    kinds = [kind for t, kind in host.recent if t >= start]
+    refused = sum(kind in REFUSALS for kind in kinds)
+    answers = len(kinds) - refused
+    if guess is None:
+        guess = answers < PACE_ANSWERS or end - start < GUESS_SPAN
+    return answers, refused, end - start, guess, cost
+
+
+def hosts_throttle(recent: deque, run: int, paced: bool, status: int, wait: Optional[float]) -> bool:
+    """Whether a throttle is the host's, from its last answers (`recent`, the
+    last one this throttle) and the throttles in a row (`run`): see HOST_RUN."""
+    since = recent[-1][0] - SHARE_WINDOW
+    if len(recent) >= SHARE_ANSWERS:  # a slow host: its last SHARE_ANSWERS answers, if longer ago
+        since = min(since, recent[-SHARE_ANSWERS][0])
+    last = [kind for t, kind in recent if t >= since]
+    if paced and status == 429:  # a host known to limit says "too fast" with a 429
+        return wait is not None or last.count("throttle") >= max(PACED_RUN, PACED_SHARE * len(last))
+    throttles = sum(1 for kind in last if kind in REFUSALS)
+    return run >= HOST_RUN or (throttles >= HOST_RUN and throttles >= THROTTLE_SHARE * len(last))
 
 
 def guess_floor(span: float) -> float:
@@ -2853,7 +2876,7 @@ class Settler:
         cap = self.cfg.max_backoff
         wait = None if out.retry_after is None else min(out.retry_after, cap)
         hosts = host.throttled(now, item.sent, wait, cap, out.status)
-        return hosts and (out.retry_after or 0.0) <= cap and host.starved_for(now) < STARVED_FOR * cap
+        return hosts and (out.retry_after or 0.0) <= cap and host.quota.starved_for(now) < STARVED_FOR * cap
 
     def _unreachable(self, host: Host, out: Outcome, now: float) -> None:
         """When every id goes to one host, that host being unreachable means the

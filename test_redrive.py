@@ -2038,19 +2038,19 @@ def test_a_host_that_refuses_everything_after_the_cut_is_probed_one_at_a_time():
     host = redrive.Host(limit=8.0, cap=8)
     answers(host, [n / 100 for n in range(1, 51)])
     answers(host, [0.6, 0.61, 0.62, 0.63], kind="throttle")  # the quota is spent: the cut
-    assert host.starved_for(0.63) == 0.0
+    assert host.quota.starved_for(0.63) == 0.0
     host.start(0.7)
     host.throttled(0.71, 0.7, None, 60.0)  # sent after the cut, refused, nothing accepted since
-    assert host.starved_for(0.71) == 0.0 and host.paused_until == pytest.approx(0.71 + redrive.PROBE_FIRST)
+    assert host.quota.starved_for(0.71) == 0.0 and host.paused_until == pytest.approx(0.71 + redrive.PROBE_FIRST)
     assert host.opens_at(0.9) == 0.9
     host.start(0.9)
     assert host.opens_at(0.9) is None  # one probe at a time
     host.throttled(2.71, 0.9, None, 60.0)
-    assert host.starved_for(2.71) == pytest.approx(2.0)
+    assert host.quota.starved_for(2.71) == pytest.approx(2.0)
     assert host.paused_until == pytest.approx(2.71 + 0.5)  # a quarter of the time refused so far
     host.start(3.3)
     host.succeeded(3.31, 8)
-    assert host.starved_for(3.31) == 0.0 and host.opens_at(3.31) is not None
+    assert host.quota.starved_for(3.31) == 0.0 and host.opens_at(3.31) is not None
 
 
 def spend_window(host, opens, allowance):
@@ -2092,26 +2092,26 @@ def test_a_long_window_allows_next_time_what_it_took_then_one_request_at_a_time(
     for t in (0.31, 0.311, 0.312, 0.313):
         host.start(t - 0.001)
         host.throttled(t, t - 0.001, 60.0, 300.0)
-    assert host.allowance == 30 and host.paused_until == pytest.approx(60.313)
+    assert host.quota.allowance == 30 and host.paused_until == pytest.approx(60.313)
     answers(host, [61.0 + n / 100 for n in range(29)])
-    assert not host.spent()
+    assert not host.quota.spent()
     host.start(62.0)  # the 30th
-    assert host.spent() and host.opens_at(62.0) is None  # one at a time now: the 30th is in flight
+    assert host.quota.spent() and host.opens_at(62.0) is None  # one at a time now: the 30th is in flight
     host.succeeded(62.01, 8)
     assert host.opens_at(63.0) == 63.0
     host.start(63.0)
     assert host.opens_at(63.0) is None
     rate = host.rate
     host.throttled(63.01, 63.0, 57.0, 300.0)  # refused, as foreseen: one refusal, and the pace is not cut
-    assert host.rate == rate and host.paused_until == pytest.approx(120.01) and host.allowance == 30
+    assert host.rate == rate and host.paused_until == pytest.approx(120.01) and host.quota.allowance == 30
 
 
 def test_a_window_that_takes_more_than_its_allowance_lifts_it():
-    host = redrive.Host(limit=8.0, cap=8, allowance=2)
+    host = redrive.Host(limit=8.0, cap=8, quota=redrive.Quota(allowance=2))
     answers(host, [1.0, 1.1])
-    assert host.opens_at(1.2) is not None and host.spent()
+    assert host.opens_at(1.2) is not None and host.quota.spent()
     answers(host, [1.2])  # the probe past the allowance was taken
-    assert host.allowance is None and not host.spent()
+    assert host.quota.allowance is None and not host.quota.spent()
 
 
 def test_a_long_spell_of_refusals_without_retry_after_sets_the_allowance_too():
@@ -2121,9 +2121,9 @@ def test_a_long_spell_of_refusals_without_retry_after_sets_the_allowance_too():
     for t in (0.4, 1.0, 3.0):  # probes refused for longer than SHORT_PAUSE
         host.start(t)
         host.throttled(t + 0.01, t, None, 60.0)
-    assert host.starved_for(3.01) > redrive.SHORT_PAUSE and host.allowance is None
+    assert host.quota.starved_for(3.01) > redrive.SHORT_PAUSE and host.quota.allowance is None
     answers(host, [4.0])  # the next window opens: 20 taken in the last one
-    assert host.allowance == 20 and host.sent_in_window == 1
+    assert host.quota.allowance == 20 and host.quota.sent_in_window == 1
 
 
 def test_probes_wait_for_the_next_long_window_once_its_period_is_known():
@@ -2136,13 +2136,13 @@ def test_probes_wait_for_the_next_long_window_once_its_period_is_known():
     assert host.paused_until == pytest.approx(9.01 + 0.25 * (9.01 - 0.41))
     answers(host, [10.0])  # the next window opens 9.99 s after the first answer
     # found at most 0.99 s late: the last probe refused was answered at 9.01
-    assert (host.opened, host.period, host.spread) == (10.0, pytest.approx(9.99), pytest.approx(0.99))
-    host.starved_since = 10.5  # its allowance spent at once
+    assert (host.quota.opened, host.quota.period, host.quota.spread) == (10.0, pytest.approx(9.99), pytest.approx(0.99))
+    host.quota.starved_since = 10.5  # its allowance spent at once
     slack = redrive.PERIOD_SLACK * 9.99
     early = 19.99 - slack - 0.99
-    assert host.probe_pause(10.5) == pytest.approx(early - 10.5)  # until just before the next may open
-    assert host.probe_pause(early + 0.01) == pytest.approx(slack)  # then small steps
-    assert host.probe_pause(23.0) == pytest.approx(0.25 * 12.5)  # a quarter period late: as before
+    assert host.quota.probe_pause(10.5) == pytest.approx(early - 10.5)  # until just before the next may open
+    assert host.quota.probe_pause(early + 0.01) == pytest.approx(slack)  # then small steps
+    assert host.quota.probe_pause(23.0) == pytest.approx(0.25 * 12.5)  # a quarter period late: as before
 
 
 def test_a_pause_inside_the_second_marks_a_quota_window_for_the_cut():
@@ -2260,12 +2260,12 @@ def test_an_answer_that_opens_a_gate_early_wakes_the_main_thread(tmp_path):
         probe = batch._take_ready()
         host = batch.timeline.hosts[probe.host]
         host.rate, host.peak, host.reacted_at, host.slow_start = 10.0, 10.0, fake.now, False
-        host.starved_since = fake.now  # out of quota: one probe at a time
+        host.quota.starved_since = fake.now  # out of quota: one probe at a time
         assert batch._take_ready() is None
         batch.wakes_at = fake.now + 1.0  # the main thread looks again in a second
         fake.now += 0.01
         mine = batch._finish(probe, redrive.Outcome(redrive.Bucket.OK, status=200, body="{}"))
-        assert mine.id == "i1" and host.starved_since is None  # this worker goes on with the next id
+        assert mine.id == "i1" and host.quota.starved_since is None  # this worker goes on with the next id
         assert host.opens_at(fake.now) == pytest.approx(fake.now + 0.1)  # and the one after it is due at the next slot
         assert batch.wake.reader.recv(1) == b"!"  # so the main thread hands it out then, not a second later
     finally:
