@@ -433,7 +433,8 @@ class Request:
     method: str = field(default="GET", metadata={"shape": "method", "option": "method"})
     url_spec: str = field(default="{id}", metadata={"shape": "url", "option": "url"})  #: as given, ${VAR} unread
     data_spec: Optional[str] = field(default=None, metadata={"shape": "data", "option": "data"})  #: as given
-    header_specs: tuple = field(default=(), metadata={"shape": "headers", "option": "header"})  #: (name, "${VAR}" or None)
+    #: (name, "${VAR}" or None): what run.json may keep of each header
+    header_specs: tuple = field(default=(), metadata={"shape": "headers", "option": "header"})
     expect_json: bool = field(default=False, metadata={"shape": "expect_json", "option": "expect_json"})
     require: tuple = field(default=(), metadata={"shape": "require", "option": "require"})  #: texts the body must hold
     require_field: tuple = field(default=(), metadata={"shape": "require_field", "option": "require_field"})
@@ -1060,13 +1061,56 @@ class Redactor:
 
 
 @dataclass
+class Pace:
+    """The rate a host is sent at, once it has limited (None before): cut to
+    CUT_FACTOR of the pace it took, then climbing back (see CUT_FACTOR)."""
+
+    rate: Optional[float] = None  #: req/s ceiling, once the host has throttled
+    peak: Optional[float] = None  #: the pace the host accepted at the last cut: the cubic's anchor
+    plateau: float = PLATEAU  #: seconds the cubic stays near the peak: longer after a pause
+    steady_cuts: int = 0  #: cuts in a row at about the same peak
+    fast: bool = False  #: the first cut's guess stands: the rate grows by FAST_GROWTH an answer
+
+    def grow(self, since_cut: float) -> None:
+        """An answer that was not a throttle, `since_cut` seconds after the last cut."""
+        if self.rate and self.fast:
+            self.rate += FAST_GROWTH
+        elif self.rate:
+            self.rate = max(self.rate, self.peak * cubic_pace(since_cut, self.plateau))
+
+    def cut(self, answers: int, refused: int, span: float, guess: bool, cost: float, whole: bool = False) -> None:
+        """What the host took (see pace_taken): `answers` and `refused` over
+        `span` seconds, a guess or not; a probe past it costs `cost` s of
+        pause; `whole`: a window measured from one opening to the next."""
+        previous = self.peak
+        if self.rate is None:
+            self.peak, self.fast = max(answers, 1) / max(GUESS_SPAN, span), guess
+        else:
+            accepted = answers / max(span, answers / self.rate)  # never more than was sent
+            took_all = refused <= THROTTLE_SHARE * answers  # the pace was about right, just over the limit
+            if guess:
+                accepted = max(accepted, self.rate * guess_floor(span))
+            self.peak = self.rate if took_all and (guess or self.fast) and not whole else accepted
+            self.fast = self.fast and guess and took_all
+        self.rate = max(MIN_RATE, CUT_FACTOR * self.peak)
+        self.plateau = PLATEAU * (1.0 + cost) * 2 ** self.steady(previous)  # probe a costly or steady limit less often
+
+    def steady(self, previous: Optional[float]) -> int:
+        """Cuts in a row at a peak within STEADY_BAND of the one before (STEADY_MAX at most)."""
+        near = previous is not None and abs(self.peak - previous) <= STEADY_BAND * previous
+        self.steady_cuts = min(STEADY_MAX, self.steady_cuts + 1) if near else 0
+        return self.steady_cuts
+
+
+@dataclass
 class Quota:
     """A host's quota windows, as its answers show them (see ALLOWANCE,
     PERIOD_SLACK, SHORT_PAUSE): spells of refusing everything with no
     Retry-After, what a long window allows and when the next one opens."""
 
     starved_since: Optional[float] = None  #: refusing everything since, with no Retry-After
-    spells: deque = field(default_factory=lambda: deque(maxlen=2))  #: the last two such spells: (from, until, oks by then)
+    #: the last two such spells: (from, until, oks by then)
+    spells: deque = field(default_factory=lambda: deque(maxlen=2))
     oks: int = 0  #: answers that were not throttles, ever
     allowance: Optional[int] = None  #: what the last long window took: past it, one probe at a time
     opened_oks: int = 0  #: oks when the current long window opened
@@ -1164,11 +1208,7 @@ class Host:
     ready: deque = field(default_factory=deque)  #: items whose time has come
     inflight: int = 0
     paused_until: float = 0.0
-    rate: Optional[float] = None  #: req/s ceiling, once the host has throttled
-    peak: Optional[float] = None  #: the pace the host accepted at the last cut: the cubic's anchor
-    plateau: float = PLATEAU  #: seconds the cubic stays near the peak: longer after a pause
-    steady_cuts: int = 0  #: cuts in a row at about the same peak
-    fast: bool = False  #: the first cut's guess stands: the rate grows by FAST_GROWTH an answer
+    pace: Pace = field(default_factory=Pace)  #: its rate, once it has limited
     slow_start: bool = False  #: no reaction yet: the limit grows by one a success
     next_slot: float = 0.0
     reacted_at: float = float("-inf")  #: the last reaction to the host's throttle
@@ -1195,8 +1235,8 @@ class Host:
         self.inflight += 1
         self.quota.sent_in_window += 1
         self.probing = self.down_since is not None
-        if self.rate:
-            self.next_slot = max(self.next_slot, now) + 1.0 / self.rate
+        if self.pace.rate:
+            self.next_slot = max(self.next_slot, now) + 1.0 / self.pace.rate
 
     def answered(self, now: float, kind: str) -> None:
         """Count one answer ("ok", "throttle" (a 429), "busy" (a 503) or "other") in the last second."""
@@ -1213,7 +1253,7 @@ class Host:
 
     def forgettable(self, now: float, ceiling: int) -> bool:
         """Idle and as a new host would be: nothing is lost by dropping it."""
-        return not (self.ready or self.inflight or self.rate or self.unreached) and \
+        return not (self.ready or self.inflight or self.pace.rate or self.unreached) and \
             (self.slow_start or self.limit >= ceiling) and self.paused_until <= now
 
     def reached(self) -> None:
@@ -1246,10 +1286,7 @@ class Host:
         """Any answer but a throttle: the host keeps up, so the pace may grow."""
         self.answered(now, "ok")
         self.limit = min(ceiling, self.limit + (1.0 if self.slow_start else 1.0 / self.limit))
-        if self.rate and self.fast:
-            self.rate += FAST_GROWTH
-        elif self.rate:
-            self.rate = max(self.rate, self.peak * cubic_pace(now - self.reacted_at, self.plateau))
+        self.pace.grow(now - self.reacted_at)
 
     def throttled(self, now: float, sent: float, wait: Optional[float], cap: float, status: int = 429) -> bool:
         """A 429 or 503 of a request sent at `sent`, asking to wait `wait`
@@ -1268,7 +1305,7 @@ class Host:
         """Is this throttle the host's limit? See HOST_RUN."""
         if self.quota.starved_since is not None or self.quota.spent():  # refusing everything, or the allowance is spent
             return True
-        return hosts_throttle(self.recent, self.run, bool(self.rate), status, wait)
+        return hosts_throttle(self.recent, self.run, bool(self.pace.rate), status, wait)
 
     def react(self, now: float, wait: Optional[float], cap: float) -> None:
         """The host's throttle of a request sent after the last reaction."""
@@ -1291,27 +1328,10 @@ class Host:
         """The rate to CUT_FACTOR of the pace the host took since the last
         reaction at `before` (see CUT_FACTOR), the concurrency to half."""
         spell = None if wait is not None else self.quota.after_short_spell(before)
-        answers, refused, span, guess, cost = spell or pace_taken(self, now, before, wait)
-        previous = self.peak
+        taken = spell or pace_taken(self, now, before, wait)
         self.limit = max(1.0, self.limit / 2)
-        if self.rate is None:
-            self.peak, self.fast = max(answers, 1) / max(GUESS_SPAN, span), guess
-        else:
-            accepted = answers / max(span, answers / self.rate)  # never more than was sent
-            took_all = refused <= THROTTLE_SHARE * answers  # the pace was about right, just over the limit
-            if guess:
-                accepted = max(accepted, self.rate * guess_floor(span))
-            self.peak = self.rate if took_all and (guess or self.fast) and not spell else accepted
-            self.fast = self.fast and guess and took_all
-        self.rate = max(MIN_RATE, CUT_FACTOR * self.peak)
-        self.next_slot = max(self.next_slot, now + 1.0 / self.rate)  # the next request one slot after the throttle
-        self.plateau = PLATEAU * (1.0 + cost) * 2 ** self.steady(previous)  # probe a costly or steady limit less often
-
-    def steady(self, previous: Optional[float]) -> int:
-        """Cuts in a row at a peak within STEADY_BAND of the one before (STEADY_MAX at most)."""
-        near = previous is not None and abs(self.peak - previous) <= STEADY_BAND * previous
-        self.steady_cuts = min(STEADY_MAX, self.steady_cuts + 1) if near else 0
-        return self.steady_cuts
+        self.pace.cut(*taken, whole=spell is not None)
+        self.next_slot = max(self.next_slot, now + 1.0 / self.pace.rate)  # the next request one slot after the throttle
 
 
 def pace_taken(host: Host, now: float, before: float, wait: Optional[float]) -> tuple:
@@ -2328,7 +2348,8 @@ def make_session(cfg: Config, settings: HostSettings, watchdog: Watchdog) -> Gua
     session.headers["User-Agent"] = f"redrive/{__version__}"
     session.headers["Accept-Encoding"] = "gzip, deflate"  # what read_body decodes, bounded
     if cfg.request.data is not None and "content-type" not in cfg.request.header_names:
-        session.headers["Content-Type"] = "application/json" if cfg.request.json_data else "application/x-www-form-urlencoded"
+        json_body = cfg.request.json_data
+        session.headers["Content-Type"] = "application/json" if json_body else "application/x-www-form-urlencoded"
     session.headers.update(dict(cfg.request.headers))
     session.user_cookie = next((value for name, value in cfg.request.headers if name.lower() == "cookie"), None)
     return session
@@ -2899,7 +2920,7 @@ class Settler:
         """Apply what one attempt means for its id (see next_step)."""
         item.tries += 1
         host = self.timeline.hosts.get(item.host)
-        step = next_step(out, item.tries, item.pass_no, self.cfg, bool(host and host.rate),
+        step = next_step(out, item.tries, item.pass_no, self.cfg, bool(host and host.pace.rate),
                          bool(self.tally.stop), self.fx.rand)
         if step.move is Move.DONE:
             self.books.done(item, out)
@@ -3334,7 +3355,8 @@ def stop_lines(tally: Tally, cfg: Config, redact: Redactor) -> list:
     if tally.stop is Stop.MISCONFIGURED:
         m = tally.misconfigured
         url = redact(redact_url(build_url(cfg.request.url, m["id"])))
-        return [f"redrive: halted: the first {m['answers']} answers were all {m['sign']}, e.g. {cfg.request.method} {url} "
+        return [f"redrive: halted: the first {m['answers']} answers were all {m['sign']}, "
+                f"e.g. {cfg.request.method} {url} "
                 f"-> {m['sign']}; is --url (or the ids file) right?",
                 "  nothing was marked failed or unavailable; fix it and rerun (no id is done yet, so a changed "
                 "--url is taken), or give --no-guard if such answers are expected"]
@@ -3586,10 +3608,16 @@ USAGE, DESCRIPTION = usage_parts(__doc__)
 
 
 def build_parser() -> Parser:
+    """The command line: IDS_FILE, the request options, the run options."""
     p = Parser(prog="redrive.py", usage=USAGE, epilog=EXAMPLES, formatter_class=HelpFormatter,
                description=DESCRIPTION)
     p.add_argument("ids_file", metavar="IDS_FILE", type=Path, help="one id (or full http(s) URL) per line")
-    req = p.add_argument_group("request (kept in run.json: a rerun without these reuses them)")
+    add_request_options(p.add_argument_group("request (kept in run.json: a rerun without these reuses them)"))
+    add_run_options(p.add_argument_group("run"))
+    return p
+
+
+def add_request_options(req) -> None:
     req.add_argument("--url", metavar="TEMPLATE", help="URL with {id} (default: each id is a URL)")
     req.add_argument("-H", "--header", action="append", default=[], metavar="'NAME: VALUE'",
                      help="repeatable; ${VAR} is read from the env")
@@ -3600,15 +3628,20 @@ def build_parser() -> Parser:
     req.add_argument("--require-field", action="append", default=[], metavar="NAME",
                      help="retry JSON whose field NAME is null/missing")
     req.add_argument("--demo", action="store_true", help="use a built-in misbehaving API on 127.0.0.1")
-    run = p.add_argument_group("run")
+
+
+def add_run_options(run) -> None:
     run.add_argument("--state-dir", type=Path, metavar="DIR", help="default: IDS_FILE's name + .redrive")
     run.add_argument("--concurrency", type=thread_count, default=4, metavar="N", help="worker threads (4)")
-    run.add_argument("--timeout", type=positive_seconds, default=30.0, metavar="S", help="limit on each attempt as a whole (30)")
+    run.add_argument("--timeout", type=positive_seconds, default=30.0, metavar="S",
+                     help="limit on each attempt as a whole (30)")
     run.add_argument("--tries", type=positive_int, default=5, metavar="N", help="attempts per pass (5)")
-    run.add_argument("--passes", type=positive_int, default=2, metavar="N", help="passes; later ones re-drive failures (2)")
+    run.add_argument("--passes", type=positive_int, default=2, metavar="N",
+                     help="passes; later ones re-drive failures (2)")
     run.add_argument("--backoff", type=seconds, default=1.0, metavar="S", help="first backoff, doubling (1)")
     run.add_argument("--max-backoff", type=seconds, default=60.0, metavar="S", help="backoff cap (60)")
-    run.add_argument("--cooldown", type=bounded("a number of seconds", 0, 7 * DAY), default=30.0, metavar="S", help="wait before a failure's next pass (30)")
+    run.add_argument("--cooldown", type=bounded("a number of seconds", 0, 7 * DAY), default=30.0, metavar="S",
+                     help="wait before a failure's next pass (30)")
     run.add_argument("--fatal", type=status_codes, metavar="CODES", help="statuses that halt the job (401,402)")
     run.add_argument("--retry", type=status_codes, metavar="CODES", help="statuses retried (408,429,5xx but 501,505)")
     run.add_argument("--skip", type=status_codes, metavar="CODES", help="statuses settled at once (400,404,410)")
@@ -3618,7 +3651,8 @@ def build_parser() -> Parser:
     run.add_argument("--max-bytes", type=byte_count, default=50 * 1024 * 1024, metavar="N",
                      help="skip a body larger than N bytes (50 MiB)")
     run.add_argument("--retry-unavailable", action="store_true", help="bring unavailable ids back, for one run")
-    run.add_argument("--max-time", type=bounded("a number of seconds", 0, 31 * DAY, above=True), metavar="S", help="start no request after S s, exit 1")
+    run.add_argument("--max-time", type=bounded("a number of seconds", 0, 31 * DAY, above=True), metavar="S",
+                     help="start no request after S s, exit 1")
     run.add_argument("--report", type=Path, metavar="FILE", help="write report.json to FILE too")
     run.add_argument("--fsync", action="store_true", help="fsync each record before the next step")
     run.add_argument("--allow-config-change", action="store_true", help="accept a request unlike run.json's")
@@ -3627,7 +3661,6 @@ def build_parser() -> Parser:
     run.add_argument("--check", action="store_true", help="no network: reconcile IDS_FILE and the state")
     run.add_argument("-q", "--quiet", action="store_true", help="print nothing unless the exit code is not 0")
     run.add_argument("--version", action="version", version=f"redrive {__version__}")
-    return p
 
 
 def default_state_dir(args) -> Path:
@@ -3675,7 +3708,9 @@ def demo_config(cfg: Config) -> tuple:
     """The demo: a local server and short delays, the normal code path."""
     server = start_demo_server()
     url = f"http://127.0.0.1:{server.server_address[1]}/items/{{id}}"
-    return server, dataclasses.replace(cfg, request=dataclasses.replace(cfg.request, url=url), tries=3, backoff=0.2, max_backoff=2.0, cooldown=2.0, timeout=5.0)
+    request = dataclasses.replace(cfg.request, url=url)
+    return server, dataclasses.replace(cfg, request=request, tries=3, backoff=0.2, max_backoff=2.0, cooldown=2.0,
+                                       timeout=5.0)
 
 
 def prepare_state_dir(path: Path) -> None:
@@ -3736,6 +3771,32 @@ class StopSignals:
 def run(cfg: Config, fx: Effects, err) -> ExitCode:
     """Load the state, run the passes, report. Raises RedriveError for setup problems."""
     started = fx.clock()
+    ids, duplicates, unique, redact = read_input(cfg, err)
+    prepare_state_dir(cfg.state_dir)
+    with RunLock(cfg.state_dir, fx.wallclock):
+        record = read_run_record(cfg.state_dir)
+        state = load_state(cfg.state_dir, undone=unique)
+        del unique
+        done_file = cfg.state_dir / "done.txt"
+        fresh = not (done_file.exists() and done_file.stat().st_size > 0)
+        note, since = settle_run_record(cfg, record, not fresh, fx.wallclock())
+        forget_old_verdicts(state, since)
+        if note and not cfg.quiet:
+            print(shown_text(f"redrive: {redact(note)}"), file=err)
+        ledger = Ledger(cfg.state_dir, cfg.fsync, fx.clock, fx.fsync)
+        ledger.open()
+        try:
+            rest, tally = run_passes(cfg, fx, err, ids, state, ledger, fresh, redact)
+        finally:
+            ledger.close()
+        report = build_report(len(ids), rest, duplicates, state, tally, cfg, fx.clock() - started, redact,
+                              fx.wallclock())
+        return finish(report, tally, cfg, redact, err)
+
+
+def read_input(cfg: Config, err) -> tuple:
+    """(ids of this run, in order (its shard's), duplicates, their set, the
+    redactor of the run's secrets); a bad URL raises, a key in the ids is warned of."""
     ids, duplicates, unique = read_ids(cfg.ids_file)
     if cfg.shard:
         ids = [i for i in ids if in_shard(i, cfg.shard)]
@@ -3745,41 +3806,27 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
     keyed = keyed_ids_warning(ids) if cfg.request.url == "{id}" and not cfg.quiet else None
     if keyed:
         print(f"redrive: warning: {keyed}", file=err)
-    prepare_state_dir(cfg.state_dir)
-    with RunLock(cfg.state_dir, fx.wallclock):
-        record = read_run_record(cfg.state_dir)
-        state = load_state(cfg.state_dir, undone=unique)
-        del unique
-        done_file = cfg.state_dir / "done.txt"
-        note, since = settle_run_record(cfg, record, done_file.exists() and done_file.stat().st_size > 0,
-                                        fx.wallclock())
-        forget_old_verdicts(state, since)
-        fresh = not (done_file.exists() and done_file.stat().st_size > 0)
-        if note and not cfg.quiet:
-            print(shown_text(f"redrive: {redact(note)}"), file=err)
-        ledger = Ledger(cfg.state_dir, cfg.fsync, fx.clock, fx.fsync)
-        ledger.open()
+    return ids, duplicates, unique, redact
+
+
+def run_passes(cfg: Config, fx: Effects, err, ids: list, state: State, ledger: Ledger, fresh: bool,
+               redact: Redactor) -> tuple:
+    """(the ids not done at the start, the Tally): every pass, the stop signals caught."""
+    complete_lost_done(state, ledger)
+    for note in state.repairs:
+        print(shown_text(f"redrive: warning: {redact(note)}"), file=err)
+    progress = Progress(err, len(ids), fx.clock, cfg.quiet)
+    batch = Batch(cfg, ledger, state, fx, redact, progress)
+    rest = plan(ids, state, cfg, batch, ledger, fx)
+    if cfg.guard and fresh and batch.timeline.pending() >= GUARD_MIN:  # nothing done yet: is the set-up right?
+        batch.settler.guard = Guard(min(GUARD_SAMPLE, batch.timeline.pending()))
+    progress.say(f"redrive: {len(ids)} ids, {batch.timeline.pending()} to fetch, state in {cfg.state_dir}")
+    with StopSignals(batch):
         try:
-            complete_lost_done(state, ledger)
-            for note in state.repairs:
-                print(shown_text(f"redrive: warning: {redact(note)}"), file=err)
-            progress = Progress(err, len(ids), fx.clock, cfg.quiet)
-            batch = Batch(cfg, ledger, state, fx, redact, progress)
-            rest = plan(ids, state, cfg, batch, ledger, fx)
-            if cfg.guard and fresh and batch.timeline.pending() >= GUARD_MIN:  # nothing done yet: is the set-up right?
-                batch.settler.guard = Guard(min(GUARD_SAMPLE, batch.timeline.pending()))
-            progress.say(f"redrive: {len(ids)} ids, {batch.timeline.pending()} to fetch, state in {cfg.state_dir}")
-            with StopSignals(batch):
-                try:
-                    tally = batch.run()
-                finally:
-                    progress.clear()
-                    batch.wake.close()
+            return rest, batch.run()
         finally:
-            ledger.close()
-        report = build_report(len(ids), rest, duplicates, state, tally, cfg, fx.clock() - started, redact,
-                              fx.wallclock())
-        return finish(report, tally, cfg, redact, err)
+            progress.clear()
+            batch.wake.close()
 
 
 def finish(report: dict, tally: Tally, cfg: Config, redact: Redactor, err) -> ExitCode:

@@ -1910,13 +1910,13 @@ def test_a_throttle_is_the_hosts_only_when_throttles_cluster():
     answers(host, [n / 100 for n in range(1, 91)])
     host.start(0.91)
     assert not host.throttled(0.92, 0.91, 5.0, 60.0)  # one in 91: that id's, with its own wait
-    assert host.rate is None and host.paused_until == 0.0 and host.limit == 8.0
+    assert host.pace.rate is None and host.paused_until == 0.0 and host.limit == 8.0
     hosts = []
     for t in (0.93, 0.94, 0.95):
         host.start(t)
         hosts.append(host.throttled(t + 0.005, t, 5.0, 60.0))
     assert hosts == [False, False, True]  # the fourth in a row: the host's limit
-    assert host.paused_until == 0.955 + 5.0 and host.limit == 4.0 and host.rate is not None
+    assert host.paused_until == 0.955 + 5.0 and host.limit == 4.0 and host.pace.rate is not None
 
 
 def test_throttles_of_requests_in_flight_at_a_reaction_are_part_of_it():
@@ -1925,15 +1925,15 @@ def test_throttles_of_requests_in_flight_at_a_reaction_are_part_of_it():
     for _ in range(4):
         host.start(0.9)
     answers(host, [0.91, 0.92, 0.93, 0.94], kind="throttle")
-    rate, limit = host.rate, host.limit
+    rate, limit = host.pace.rate, host.limit
     host.start(0.9)
     assert host.throttled(0.95, 0.9, None, 60.0)  # sent before the reaction: the host's, nothing more
-    assert (host.rate, host.limit) == (rate, limit)
+    assert (host.pace.rate, host.limit) == (rate, limit)
 
 
 def paced_host(rate=50.0):
     """A host that limited before, at `rate`, with a second of answers at that pace up to 2.0 s."""
-    host = redrive.Host(limit=8.0, cap=8, rate=rate, peak=rate, reacted_at=-2.0)  # the cubic at its plateau
+    host = redrive.Host(limit=8.0, cap=8, reacted_at=-2.0, pace=redrive.Pace(rate=rate, peak=rate))  # the cubic at its plateau
     host.first_answer = 0.0
     answers(host, [2.0 - (n + 1) / rate for n in reversed(range(int(rate)))])
     return host
@@ -1950,12 +1950,12 @@ def test_on_a_host_that_limits_two_close_plain_429s_are_the_hosts_and_its_503s_n
     host = paced_host()
     for _ in range(4):
         host.start(2.0)
-    rate = host.rate
+    rate = host.pace.rate
     assert not host.throttled(2.0, 2.0, 1.0, 60.0, status=503)  # "unavailable": an outage, one id's
     assert not host.throttled(2.0, 2.0, None, 60.0)  # one plain "too fast": could be that id's
-    assert host.rate == rate and host.paused_until == 0.0
+    assert host.pace.rate == rate and host.paused_until == 0.0
     assert host.throttled(2.001, 2.0, None, 60.0)  # two close together from a host that limits: the host's
-    assert host.rate < rate
+    assert host.pace.rate < rate
 
 
 def test_on_a_host_that_limits_a_429_with_a_retry_after_is_the_hosts():
@@ -1972,12 +1972,12 @@ def test_the_cut_is_below_the_pace_of_the_last_answers():
     assert not host.throttled(2.0, 2.0, None, 60.0)
     assert host.throttled(2.0, 2.0, None, 60.0)  # the second plain 429 close together: the host's
     # the last PACE_ANSWERS answers: 20 from 1.6 s to 2.0 s
-    assert host.peak == pytest.approx(50.0) and host.rate == pytest.approx(45.0) and host.limit == 4.0
+    assert host.pace.peak == pytest.approx(50.0) and host.pace.rate == pytest.approx(45.0) and host.limit == 4.0
     assert host.opens_at(2.0) >= 2.0 + 1 / 45.0  # the next request one slot after the throttle at least
 
 
 def test_the_cut_is_below_what_the_host_accepted_when_it_refused_more():
-    host = redrive.Host(limit=8.0, cap=8, rate=100.0, peak=100.0, reacted_at=-2.0)
+    host = redrive.Host(limit=8.0, cap=8, reacted_at=-2.0, pace=redrive.Pace(rate=100.0, peak=100.0))
     host.first_answer = 0.0
     for n in range(50):  # sent at 100 r/s for the last second, half of it refused
         answers(host, [1.0 + n / 50])
@@ -1985,53 +1985,53 @@ def test_the_cut_is_below_what_the_host_accepted_when_it_refused_more():
     host.start(2.0)
     assert host.throttled(2.0, 2.0, None, 60.0)
     # the last 20 answers, from 1.6 s: 50 r/s
-    assert host.peak == pytest.approx(50.0) and host.rate == pytest.approx(45.0)
+    assert host.pace.peak == pytest.approx(50.0) and host.pace.rate == pytest.approx(45.0)
     assert host.limit == 4.0  # refusals among what was in flight: half the concurrency
 
 
 def test_a_cut_from_a_handful_of_answers_is_a_guess_that_slows_by_half_at_most():
-    host = redrive.Host(limit=8.0, cap=8, rate=20.0, peak=20.0, reacted_at=0.0)
+    host = redrive.Host(limit=8.0, cap=8, reacted_at=0.0, pace=redrive.Pace(rate=20.0, peak=20.0))
     host.first_answer = 0.0
     answers(host, [0.5])  # one answer since the last reaction: it says "slower", not how much
     host.start(0.55)
     host.start(0.55)
     assert not host.throttled(0.6, 0.55, None, 60.0)
     assert host.throttled(0.6, 0.55, None, 60.0)
-    assert host.peak == redrive.GUESS_FLOOR * 20.0 and host.rate == pytest.approx(0.9 * 10.0)
+    assert host.pace.peak == redrive.GUESS_FLOOR * 20.0 and host.pace.rate == pytest.approx(0.9 * 10.0)
 
 
 def test_after_a_cut_the_rate_climbs_back_along_a_cubic():
     assert [round(redrive.cubic_pace(t), 3) for t in (0, 2, 4, 6, 8, 12)] == [0.9, 0.988, 1.0, 1.012, 1.1, 1.8]
-    host = redrive.Host(limit=4.0, cap=8, rate=45.0, peak=50.0, reacted_at=10.0)
+    host = redrive.Host(limit=4.0, cap=8, reacted_at=10.0, pace=redrive.Pace(rate=45.0, peak=50.0))
     for t, rate in ((12.0, 49.375), (14.0, 50.0), (18.0, 55.0)):
         host.start(t)
         host.succeeded(t, 8)
-        assert host.rate == pytest.approx(rate)
+        assert host.pace.rate == pytest.approx(rate)
 
 
 def test_a_first_guess_grows_fast_until_a_measured_cut():
     host = redrive.Host(limit=4.0, cap=32, slow_start=True)
     answers(host, [0.001])
     answers(host, [0.002, 0.003, 0.004, 0.005], kind="throttle")
-    assert host.fast and host.rate == pytest.approx(0.9 * 1 / redrive.GUESS_SPAN)  # 1 answer in a few ms: a guess
-    rate = host.rate
+    assert host.pace.fast and host.pace.rate == pytest.approx(0.9 * 1 / redrive.GUESS_SPAN)  # 1 answer in a few ms: a guess
+    rate = host.pace.rate
     answers(host, [0.5, 0.6])
-    assert host.rate == pytest.approx(rate + 2 * redrive.FAST_GROWTH)
+    assert host.pace.rate == pytest.approx(rate + 2 * redrive.FAST_GROWTH)
 
 
 def test_the_fast_growth_ends_at_a_cut_where_the_host_refused_part_of_the_pace():
     host = redrive.Host(limit=8.0, cap=32, slow_start=True)
     answers(host, [0.001 * k for k in range(1, 7)])  # a burst of 6, then "too fast" three times in a row
     answers(host, [0.007, 0.0071, 0.0072, 0.0073], kind="throttle")
-    assert host.fast and host.peak == pytest.approx(6 / redrive.GUESS_SPAN)
+    assert host.pace.fast and host.pace.peak == pytest.approx(6 / redrive.GUESS_SPAN)
     answers(host, [0.1, 0.2, 0.3])  # the host's own pace, 10 r/s, while the rate grows past it
-    rate = host.rate
+    rate = host.pace.rate
     assert rate == pytest.approx(0.9 * 24 + 3 * redrive.FAST_GROWTH)
     answers(host, [0.31, 0.32], kind="throttle")  # refused: the rate is well past what it takes
-    assert not host.fast
+    assert not host.pace.fast
     # 3 answers since the last reaction (the burst left out: with it, 9 in 0.31 s, 29 r/s) are a
     # guess: the rate is halved at most
-    assert host.peak == pytest.approx(redrive.GUESS_FLOOR * rate)
+    assert host.pace.peak == pytest.approx(redrive.GUESS_FLOOR * rate)
 
 
 def test_a_host_that_refuses_everything_after_the_cut_is_probed_one_at_a_time():
@@ -2073,16 +2073,16 @@ def test_a_short_window_with_no_retry_after_is_measured_from_one_opening_to_the_
         spend_window(host, opens, 50)
     # the burst's own pace (1000 r/s) set the first cuts; 50 answers from the opening at 1.02 to
     # the one at 2.03 are the window's allowance
-    assert host.peak == pytest.approx(50 / 1.01) and host.rate == pytest.approx(0.9 * 50 / 1.01)
-    assert not host.fast
+    assert host.pace.peak == pytest.approx(50 / 1.01) and host.pace.rate == pytest.approx(0.9 * 50 / 1.01)
+    assert not host.pace.fast
 
 
 def test_a_throttle_a_slot_after_the_cut_slows_a_little_not_by_half():
-    host = redrive.Host(limit=4.0, cap=32, rate=50.0, peak=55.0, reacted_at=10.0)
+    host = redrive.Host(limit=4.0, cap=32, reacted_at=10.0, pace=redrive.Pace(rate=50.0, peak=55.0))
     host.first_answer = 0.0
     answers(host, [10.02])
     answers(host, [10.039, 10.04], kind="throttle")  # 40 ms after the cut: jitter past a limit with no slack
-    assert host.peak == pytest.approx(50.0 * (1 - 0.5 * 0.04 / redrive.GUESS_SPAN))
+    assert host.pace.peak == pytest.approx(50.0 * (1 - 0.5 * 0.04 / redrive.GUESS_SPAN))
     assert [redrive.guess_floor(s) for s in (0.0, 0.125, 0.25, 1.0)] == [1.0, 0.75, 0.5, 0.5]
 
 
@@ -2101,9 +2101,9 @@ def test_a_long_window_allows_next_time_what_it_took_then_one_request_at_a_time(
     assert host.opens_at(63.0) == 63.0
     host.start(63.0)
     assert host.opens_at(63.0) is None
-    rate = host.rate
+    rate = host.pace.rate
     host.throttled(63.01, 63.0, 57.0, 300.0)  # refused, as foreseen: one refusal, and the pace is not cut
-    assert host.rate == rate and host.paused_until == pytest.approx(120.01) and host.quota.allowance == 30
+    assert host.pace.rate == rate and host.paused_until == pytest.approx(120.01) and host.quota.allowance == 30
 
 
 def test_a_window_that_takes_more_than_its_allowance_lifts_it():
@@ -2152,7 +2152,7 @@ def test_a_pause_inside_the_second_marks_a_quota_window_for_the_cut():
     for t in (1.2, 1.205, 1.21, 1.215):
         host.start(t)
         host.throttled(t + 0.001, t, 2.0 - (t + 0.001), 60.0)  # "come back at 2.0": the window was [1.0, 2.0)
-    assert host.peak == pytest.approx(10.0) and host.rate == pytest.approx(9.0)
+    assert host.pace.peak == pytest.approx(10.0) and host.pace.rate == pytest.approx(9.0)
 
 
 def test_a_short_retry_after_makes_a_burst_and_its_pause_one_window():
@@ -2161,23 +2161,23 @@ def test_a_short_retry_after_makes_a_burst_and_its_pause_one_window():
     for t in (0.1, 0.101, 0.102, 0.103):  # then "come back in a second", four in a row: the host's
         host.start(t - 0.001)
         host.throttled(t, t - 0.001, 1.0, 60.0)
-    assert host.peak == pytest.approx(10 / 1.103)  # 10 answers from the first one to the pause's end
-    assert host.rate == pytest.approx(0.9 * 10 / 1.103) and not host.fast  # a whole window: no guess
-    assert host.plateau == redrive.PLATEAU  # the burst's pace was not held: no cost to weigh
+    assert host.pace.peak == pytest.approx(10 / 1.103)  # 10 answers from the first one to the pause's end
+    assert host.pace.rate == pytest.approx(0.9 * 10 / 1.103) and not host.pace.fast  # a whole window: no guess
+    assert host.pace.plateau == redrive.PLATEAU  # the burst's pace was not held: no cost to weigh
 
 
 def test_a_pace_held_past_a_short_window_waits_longer_to_probe_and_longer_still_when_steady():
-    host = redrive.Host(limit=8.0, cap=8, rate=100.0, peak=80.0, reacted_at=0.0, slow_start=False)
+    host = redrive.Host(limit=8.0, cap=8, reacted_at=0.0, slow_start=False, pace=redrive.Pace(rate=100.0, peak=80.0))
     host.first_answer = 0.0
     plateaus = []
     for second in (10, 20, 30, 40, 50):
         answers(host, [second - 1 + n / 100 for n in range(100)])  # 100 a second for a whole second
-        host.rate = 100.0
+        host.pace.rate = 100.0
         refusals(host, [second - 0.005, second - 0.004])
         host.start(second)
         assert host.throttled(second, second, 1.0, 60.0)  # a third 429 from a host that limits: the host's
-        plateaus.append(host.plateau)
-    assert host.peak == pytest.approx(100.0)
+        plateaus.append(host.pace.plateau)
+    assert host.pace.peak == pytest.approx(100.0)
     cost = redrive.PLATEAU * (1 + 1.0)  # each probe past the limit cost a one-second pause
     assert plateaus == [cost, cost * 2, cost * 4, cost * 8, cost * 8]  # the same peak each time: probed ever less
 
@@ -2259,7 +2259,7 @@ def test_an_answer_that_opens_a_gate_early_wakes_the_main_thread(tmp_path):
     try:
         probe = batch._take_ready()
         host = batch.timeline.hosts[probe.host]
-        host.rate, host.peak, host.reacted_at, host.slow_start = 10.0, 10.0, fake.now, False
+        host.pace.rate, host.pace.peak, host.reacted_at, host.slow_start = 10.0, 10.0, fake.now, False
         host.quota.starved_since = fake.now  # out of quota: one probe at a time
         assert batch._take_ready() is None
         batch.wakes_at = fake.now + 1.0  # the main thread looks again in a second
@@ -2275,7 +2275,7 @@ def test_an_answer_that_opens_a_gate_early_wakes_the_main_thread(tmp_path):
 
 
 def test_paced_host_spaces_its_requests():
-    host = redrive.Host(limit=4.0, cap=4, rate=2.0)
+    host = redrive.Host(limit=4.0, cap=4, pace=redrive.Pace(rate=2.0))
     host.start(10.0)
     assert host.opens_at(10.0) == 10.5
     host.start(10.5)
