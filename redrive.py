@@ -2585,6 +2585,7 @@ class Tally:
     fatal: Optional[Outcome] = None
     fatal_id: str = ""
     stop: Optional[Stop] = None
+    stop_at: Optional[float] = None  #: clock time to give up on requests in flight after the stop
     abandoned: int = 0
     down: Optional[dict] = None  #: the API's host went down: host, reason, since, probes
     due: Optional[float] = None  #: stop "later": when the first id left is due (wall clock)
@@ -2593,6 +2594,14 @@ class Tally:
 
     def count(self, pass_no: int, what: str) -> None:
         self.per_pass.setdefault(pass_no, Counter())[what] += 1
+
+    def stopping(self, why: Stop, now: float, cfg: Config) -> None:
+        """The first stop stands; requests in flight get a grace (a whole
+        --timeout after --max-time, else GRACE_SECONDS at most). Takes no lock:
+        a signal handler calls it (see Batch.request_stop)."""
+        if not self.stop:
+            self.stop = why
+            self.stop_at = now + (cfg.timeout if why is Stop.TIME else min(GRACE_SECONDS, cfg.timeout))
 
 
 class Schedule:
@@ -2806,11 +2815,10 @@ class Settler:
     (see Guard), and the id's next step (see next_step) is written down
     (see Books) and put on the timeline (see Schedule)."""
 
-    def __init__(self, cfg: Config, timeline: Schedule, books: Books, fx: Effects,
-                 say: Callable[[str], None], stop: Callable[[Stop], None]):
+    def __init__(self, cfg: Config, timeline: Schedule, books: Books, fx: Effects, say: Callable[[str], None]):
         self.cfg, self.timeline, self.books, self.fx = cfg, timeline, books, fx
         self.tally, self.counts = books.tally, books.counts
-        self.say, self.stop = say, stop
+        self.say = say
         self.api = shown_host(cfg.request.url)  #: the fixed host, as messages name it
         self.guard = Guard(0)  #: off until armed (see run)
         self.last_due = 0.0  #: when the last id scheduled for a later pass is due (for the ETA)
@@ -2854,7 +2862,7 @@ class Settler:
                 self.settle(held, out)
             if self.guard.tripped and not self.tally.misconfigured:
                 self.tally.misconfigured = {"sign": self.guard.sign, "id": item.id, "answers": self.guard.size}
-                self.stop(Stop.MISCONFIGURED)
+                self.tally.stopping(Stop.MISCONFIGURED, self.fx.clock(), self.cfg)
         else:
             self.settle(item, outcome)
         self.timeline.settled(item, self.fx.clock())
@@ -2911,7 +2919,7 @@ class Settler:
         if down:
             self.tally.down["probes"] = host.probes
         if host.probes >= self.cfg.tries * self.cfg.passes:
-            self.stop(Stop.UNREACHABLE)
+            self.tally.stopping(Stop.UNREACHABLE, self.fx.clock(), self.cfg)
 
     def _probe_wait(self, probe: int) -> float:
         return backoff_delay(probe, self.cfg.backoff, self.cfg.max_backoff, self.fx.rand)
@@ -2927,7 +2935,7 @@ class Settler:
         elif step.move is Move.HALT:
             if not self.tally.fatal:
                 self.tally.fatal, self.tally.fatal_id = out, item.id
-            self.stop(Stop.FATAL)
+            self.tally.stopping(Stop.FATAL, self.fx.clock(), self.cfg)
         elif step.move is Move.RETRY:
             self.schedule(item, self.fx.clock() + step.wait)
         elif step.move in (Move.FAIL, Move.GIVE_UP):
@@ -2948,15 +2956,7 @@ class Timekeeper:
         self.cfg, self.fx, self.timeline, self.settler = cfg, fx, timeline, settler
         self.ledger, self.progress, self.tally = ledger, progress, settler.tally
         self.end_at = None if cfg.max_time is None else fx.clock() + cfg.max_time
-        self.stop_at = None  #: clock time to give up on requests in flight
         self.said_stopping = False
-
-    def stop(self, why: Stop) -> None:
-        """The first stop stands; requests in flight get a grace. Takes no lock (see Batch.request_stop)."""
-        if not self.tally.stop:
-            self.tally.stop = why
-            grace = self.cfg.timeout if why is Stop.TIME else min(GRACE_SECONDS, self.cfg.timeout)
-            self.stop_at = self.fx.clock() + grace
 
     def tend(self) -> bool:
         """One look at the run: sync, progress, deadline, a stop's grace. False: it is over."""
@@ -2966,17 +2966,17 @@ class Timekeeper:
         self.ledger.sync_if_due()
         self.progress.tick(self.settler.snapshot)
         if self.end_at is not None and not self.tally.stop and now >= self.end_at:
-            self.stop(Stop.TIME)
+            self.tally.stopping(Stop.TIME, now, self.cfg)
         if not (self.tally.stop or timeline.inflight or timeline.active) and \
                 beyond_reach(timeline.next_due(), now, self.end_at, self.cfg):
             self.tally.due = self.fx.wallclock() + timeline.next_due() - now
-            self.stop(Stop.LATER)
+            self.tally.stopping(Stop.LATER, now, self.cfg)
         if not self.tally.stop:
             return True
-        if timeline.inflight and now < self.stop_at:
+        if timeline.inflight and now < self.tally.stop_at:
             if self.tally.stop in SIGNAL_STOPS and not self.said_stopping:
                 self.said_stopping = True
-                self.progress.say(stopping_line(self.tally.stop, timeline.inflight, self.stop_at - now))
+                self.progress.say(stopping_line(self.tally.stop, timeline.inflight, self.tally.stop_at - now))
             return True
         self.settler.release_held()  # the run is over whatever it leaves: nothing is scheduled after a stop
         return False
@@ -2984,7 +2984,7 @@ class Timekeeper:
     def timeout(self) -> Optional[float]:
         """How long the main thread may wait before it must look again."""
         now = self.fx.clock()
-        limits = [self.stop_at] if self.tally.stop else []
+        limits = [self.tally.stop_at] if self.tally.stop else []
         wake = None if self.tally.stop else self.timeline.next_wake(now)
         if wake is not None:
             limits.append(wake)
@@ -3015,7 +3015,7 @@ class Batch:
         self.closed, self.failure = False, None
         self.tally = Tally()
         books = Books(cfg, ledger, state, redact, fx.wallclock, self.tally)
-        self.settler = Settler(cfg, self.timeline, books, fx, progress.say, self.request_stop)
+        self.settler = Settler(cfg, self.timeline, books, fx, progress.say)
         self.keeper = Timekeeper(cfg, fx, self.timeline, self.settler, ledger, progress)
         self.sleep = fx.sleep or self.wake.wait
         self.wakes_at = 0.0  #: when the main thread looks again, unless woken
@@ -3023,7 +3023,7 @@ class Batch:
     def request_stop(self, why: Stop) -> None:
         """Stop starting requests; wait a little for those in flight.
         Safe in a signal handler: it takes no lock."""
-        self.keeper.stop(why)
+        self.tally.stopping(why, self.fx.clock(), self.cfg)
         self.wake.set()
 
     def crashed(self, exc: BaseException, item: Optional[Item] = None) -> None:

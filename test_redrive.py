@@ -2232,6 +2232,21 @@ def planned_batch(tmp_path, ids, *extra):
     return batch, ledger, fake
 
 
+def test_a_finished_batch_is_freed_at_once_with_its_million_ids_not_left_to_the_cycle_collector(tmp_path):
+    import gc
+    import weakref
+    batch, ledger, _ = planned_batch(tmp_path, [f"i{n}" for n in range(100)])
+    gone = weakref.ref(batch)
+    gc.disable()
+    try:
+        batch.wake.close()
+        del batch
+        assert gone() is None  # no reference cycle through the batch: a stopped run exits in 0.3 s, not 0.7
+    finally:
+        gc.enable()
+        ledger.close()
+
+
 def run_batch(tmp_path, ids, *extra):
     """A Batch run in-process, as run() does it, to look at its hosts afterwards."""
     batch, ledger, _ = planned_batch(tmp_path, ids, *extra)
