@@ -181,7 +181,6 @@ START_LIMIT = 4
 #: outages, not its limit). An id's own throttle makes that id wait alone;
 #: the host goes on.
 THROTTLE_STATUSES = frozenset({429, 503})
-REFUSALS = frozenset({"throttle", "busy"})  #: the answer kinds of a 429 and a 503, in Host.recent
 HOST_RUN = 4
 THROTTLE_SHARE = 0.1
 SHARE_WINDOW = 0.5
@@ -402,6 +401,18 @@ class Cause(Enum):
 
 
 CAUSES = frozenset(cause.value for cause in Cause)
+
+
+class Answer(Enum):
+    """What one answer says of its host's pace (Host.recent keeps the last second's)."""
+
+    OK = "ok"  #: any answer but a throttle: a 404 or a 500 says nothing of pace
+    THROTTLE = "throttle"  #: a 429
+    BUSY = "busy"  #: a 503
+    OTHER = "other"  #: no answer at all: a timeout, a dropped connection
+
+
+REFUSALS = frozenset({Answer.THROTTLE, Answer.BUSY})  #: the answers that say "not now"
 
 
 class Bucket(Enum):
@@ -1238,8 +1249,8 @@ class Host:
         if self.pace.rate:
             self.next_slot = max(self.next_slot, now) + 1.0 / self.pace.rate
 
-    def answered(self, now: float, kind: str) -> None:
-        """Count one answer ("ok", "throttle" (a 429), "busy" (a 503) or "other") in the last second."""
+    def answered(self, now: float, kind: Answer) -> None:
+        """Count one answer (see Answer) in the last second."""
         self.inflight -= 1
         self.first_answer = min(self.first_answer, now)
         self.recent.append((now, kind))
@@ -1247,7 +1258,7 @@ class Host:
             self.recent.popleft()
         if kind in REFUSALS:
             self.run += 1
-        elif kind == "ok":
+        elif kind is Answer.OK:
             self.quota.accepted(now, self.first_answer, self.reacted_at)
             self.run, self.last_ok = 0, now
 
@@ -1284,7 +1295,7 @@ class Host:
 
     def succeeded(self, now: float, ceiling: int) -> None:
         """Any answer but a throttle: the host keeps up, so the pace may grow."""
-        self.answered(now, "ok")
+        self.answered(now, Answer.OK)
         self.limit = min(ceiling, self.limit + (1.0 if self.slow_start else 1.0 / self.limit))
         self.pace.grow(now - self.reacted_at)
 
@@ -1292,7 +1303,7 @@ class Host:
         """A 429 or 503 of a request sent at `sent`, asking to wait `wait`
         seconds (None: no Retry-After). True when it is the host's throttle,
         False when it is this id's alone (the host goes on as it was)."""
-        self.answered(now, "throttle" if status == 429 else "busy")
+        self.answered(now, Answer.THROTTLE if status == 429 else Answer.BUSY)
         if sent > self.reacted_at and not self.host_wide(status, wait):
             return False
         if wait is not None:
@@ -1367,7 +1378,7 @@ def hosts_throttle(recent: deque, run: int, paced: bool, status: int, wait: Opti
         since = min(since, recent[-SHARE_ANSWERS][0])
     last = [kind for t, kind in recent if t >= since]
     if paced and status == 429:  # a host known to limit says "too fast" with a 429
-        return wait is not None or last.count("throttle") >= max(PACED_RUN, PACED_SHARE * len(last))
+        return wait is not None or last.count(Answer.THROTTLE) >= max(PACED_RUN, PACED_SHARE * len(last))
     throttles = sum(1 for kind in last if kind in REFUSALS)
     return run >= HOST_RUN or (throttles >= HOST_RUN and throttles >= THROTTLE_SHARE * len(last))
 
@@ -2894,7 +2905,7 @@ class Settler:
         elif out.status is not None:
             host.succeeded(now, self.cfg.concurrency)  # a 404 or a 500 is no "slow down" either
         else:
-            host.answered(now, "other")  # no answer at all (a timeout, a dropped connection): no growth
+            host.answered(now, Answer.OTHER)  # no answer at all (a timeout, a dropped connection): no growth
         return False
 
     def _throttled(self, host: Host, item: Item, out: Outcome, now: float) -> bool:

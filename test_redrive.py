@@ -1943,7 +1943,7 @@ def refusals(host, times, status=429):
     """Refusals the host answered at these times, without a reaction (as if sent before the last one)."""
     for t in times:
         host.start(t)
-        host.answered(t, "throttle" if status == 429 else "busy")
+        host.answered(t, redrive.Answer.THROTTLE if status == 429 else redrive.Answer.BUSY)
 
 
 def test_on_a_host_that_limits_two_close_plain_429s_are_the_hosts_and_its_503s_never_count():
@@ -2199,7 +2199,7 @@ def test_a_host_is_down_after_requests_in_a_row_never_reach_it_and_probed_one_at
     assert host.unreachable(12.0, waits) and host.probes == 1 and host.paused_until == 32.0
     host.start(32.0)
     host.reached()
-    host.answered(33.0, "other")
+    host.answered(33.0, redrive.Answer.OTHER)
     assert host.down_since is None and host.probes == 0 and host.limit == 8.0 and host.opens_at(33.0) == 33.0
 
 
