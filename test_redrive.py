@@ -2217,6 +2217,33 @@ def test_host_settings_are_read_once_per_host_and_stay_bounded(monkeypatch):
         assert len(settings.memo) <= 3
 
 
+def test_the_schedule_starts_what_is_due_host_by_host_and_says_when_the_next_may_start():
+    cfg = Config(Path("i"), Path("s"), concurrency=8, rate=10.0)  # --rate 10: one start every 0.1 s
+    timeline = redrive.Schedule(cfg)
+    for item_id in ("http://a.test/1", "http://a.test/2", "http://b.test/1"):
+        timeline.add(redrive.Item(item_id), 0.0, now=0.0)
+    timeline.add(redrive.Item("http://b.test/2"), 5.0, now=0.0)  # due later: waits on the heap
+    assert timeline.pending() == 4 and timeline.next_due() == 5.0
+    first = timeline.take(0.0)
+    assert first.id == "http://a.test/1" and timeline.take(0.0) is None  # the --rate slot is taken
+    assert timeline.next_wake(0.0) == pytest.approx(0.1)
+    assert timeline.take(0.1).id == "http://b.test/1"  # hosts take turns
+    assert timeline.take(0.2).id == "http://a.test/2"
+    assert timeline.take(0.3) is None and timeline.next_wake(0.3) == 5.0  # nothing due before 5 s
+    assert timeline.take(5.0).id == "http://b.test/2" and timeline.inflight == 4 and timeline.pending() == 0
+
+
+def test_the_schedule_holds_ids_behind_a_paused_host_and_lets_other_hosts_go():
+    timeline = redrive.Schedule(Config(Path("i"), Path("s"), concurrency=8))
+    for item_id in ("http://a.test/1", "http://a.test/2", "http://b.test/1"):
+        timeline.add(redrive.Item(item_id), 0.0, now=0.0)
+    a = timeline.take(0.0)
+    timeline.hosts[a.host].paused_until = 3.0  # its Retry-After
+    assert timeline.take(0.0).id == "http://b.test/1"
+    assert timeline.take(0.0) is None and timeline.next_wake(0.0) == 3.0 and timeline.paused_until() == 3.0
+    assert timeline.take(3.0).id == "http://a.test/2"
+
+
 def planned_batch(tmp_path, ids, *extra):
     """(a Batch with every id planned, as run() makes it, its Ledger, its FakeTime)."""
     ids_file = write_ids(tmp_path, ids)
