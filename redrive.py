@@ -166,10 +166,15 @@ SYNC_INTERVAL = 1.0
 TTY_INTERVAL = 0.25
 LOG_INTERVAL = 30.0
 
-#: Requests a new host gets in flight at first; each success adds one
-#: (doubling every round trip) until its first throttle, so a low rate limit
-#: is found with a handful of 429s, not --concurrency of them.
+#: Requests a new host gets in flight at first; each success adds
+#: SLOW_START_STEP (half as many again every round trip: 32 in flight after
+#: 6 round trips) until its first throttle, and each throttle before it takes
+#: one away (the refused request's slot is not filled again). All that is
+#: in flight when a limit runs out is refused: so a low rate limit is found
+#: with a handful of 429s, not --concurrency of them. (Doubling every round
+#: trip cost nginx's 10 r/s, burst 5 limit 13 refusals in its first 13 ms.)
 START_LIMIT = 4
+SLOW_START_STEP = 0.5
 
 #: Statuses that say "too fast". One is the host's (its rate limit), not one
 #: id's (an item being rebuilt, a per-object limit), when it is the HOST_RUN-th
@@ -1296,7 +1301,7 @@ class Host:
     def succeeded(self, now: float, ceiling: int) -> None:
         """Any answer but a throttle: the host keeps up, so the pace may grow."""
         self.answered(now, Answer.OK)
-        self.limit = min(ceiling, self.limit + (1.0 if self.slow_start else 1.0 / self.limit))
+        self.limit = min(ceiling, self.limit + (SLOW_START_STEP if self.slow_start else 1.0 / self.limit))
         self.pace.grow(now - self.reacted_at)
 
     def throttled(self, now: float, sent: float, wait: Optional[float], cap: float, status: int = 429) -> bool:
@@ -1305,6 +1310,8 @@ class Host:
         False when it is this id's alone (the host goes on as it was)."""
         self.answered(now, Answer.THROTTLE if status == 429 else Answer.BUSY)
         if sent > self.reacted_at and not self.host_wide(status, wait):
+            if self.slow_start:  # not the host's throttle yet, but its slot stays empty: no refill into a limit
+                self.limit = max(1.0, self.limit - 1.0)
             return False
         if wait is not None:
             self.paused_until = max(self.paused_until, now + wait)

@@ -1890,19 +1890,20 @@ def answers(host, times, kind="ok"):
             host.throttled(t, t - 0.001, None, 60.0)
 
 
-def test_a_new_host_starts_slow_and_doubles_until_its_first_throttle():
+def test_a_new_host_starts_slow_and_grows_by_half_a_round_trip_until_its_first_throttle():
     host = redrive.Host(limit=4.0, cap=32, slow_start=True)
     answers(host, [n / 100 + 0.02 for n in range(12)])
-    assert host.limit == 16.0  # one more per success: doubling every round trip
+    assert host.limit == 10.0  # half a request more per success: half as many again every round trip
     for t in (0.2, 0.201, 0.202):
         host.start(t)
         assert not host.throttled(t + 0.01, t, None, 60.0)  # a lone "too fast" could be one id's
+    assert host.limit == 7.0  # but each refused slot stays empty: no refill into a limit
     host.start(0.203)
     assert host.throttled(0.213, 0.203, None, 60.0)  # the fourth in a row: the host's
-    assert not host.slow_start and host.limit == 8.0
+    assert not host.slow_start and host.limit == 3.5
     host.start(0.8)
     host.succeeded(0.81, 32)
-    assert host.limit == 8.125  # after the cut: 1 / limit a success
+    assert host.limit == pytest.approx(3.5 + 1 / 3.5)  # after the cut: 1 / limit a success
 
 
 def test_a_throttle_is_the_hosts_only_when_throttles_cluster():
