@@ -1210,9 +1210,9 @@ class Host:
     concurrency; or, when nothing was accepted since the last reaction and
     there is no Retry-After, a probe pause (see PROBE_FIRST). Throttles of
     requests already in flight at a reaction are part of it: nothing more.
-    Until its first reaction a host is in slow start: it begins at
-    START_LIMIT requests in flight and each success adds one; after it,
-    1 / limit. The rate is None (no pacing) until the first cut.
+    Until its first reaction a host is in slow start (see START_LIMIT);
+    after it, each success adds 1 / limit. Its rate (see Pace) is None (no
+    pacing) until the first cut; its quota windows are its Quota's.
 
     A host that DOWN_AFTER requests in a row never reached is down: it lets
     one probe at a time through, each after a longer pause, until any answer
@@ -1225,7 +1225,7 @@ class Host:
     inflight: int = 0
     paused_until: float = 0.0
     pace: Pace = field(default_factory=Pace)  #: its rate, once it has limited
-    slow_start: bool = False  #: no reaction yet: the limit grows by one a success
+    slow_start: bool = False  #: no reaction yet: the limit grows by SLOW_START_STEP a success
     next_slot: float = 0.0
     reacted_at: float = float("-inf")  #: the last reaction to the host's throttle
     window_start: float = float("-inf")  #: when the last Retry-After pause ended
@@ -2838,7 +2838,7 @@ class Settler:
         self.tally, self.counts = books.tally, books.counts
         self.say = say
         self.api = shown_host(cfg.request.url)  #: the fixed host, as messages name it
-        self.guard = Guard(0)  #: off until armed (see run)
+        self.guard = Guard(0)  #: off until armed (see run_passes)
         self.last_due = 0.0  #: when the last id scheduled for a later pass is due (for the ETA)
         self.started_passes = set()
 
