@@ -225,8 +225,10 @@ FAST_GROWTH = 2.0
 #: of the last one: a steady limit is probed less and less often. With no
 #: Retry-After, a spell of refusing everything (SHORT_PAUSE seconds or less)
 #: ends such a window: the allowance is what the host took from the end of
-#: one spell to the end of the next, over the time between them.
+#: one spell to the end of the next, over the time between them, when the
+#: spell is SPELL_SHARE of that time or more (a window's burst is quick).
 SHORT_PAUSE = 2.0
+SPELL_SHARE = 0.5
 STEADY_BAND = 0.05
 STEADY_MAX = 3
 MIN_RATE = 0.5
@@ -1181,12 +1183,17 @@ class Quota:
         host refused everything for a spell (SHORT_PAUSE seconds or less)
         since `before`, and for one more before it. The first answer after a
         spell is a window's first: what the host took from one such answer to
-        the next, over the time between them, is its allowance per window
-        (None when that is not the case, or when so few answers are a guess)."""
+        the next, over the time between them, is its allowance per window.
+        None when that is not the case, when so few answers are a guess, or
+        when the spell is under SPELL_SHARE of that time: a leaky bucket
+        paced just past its rate refuses for a probe's pause now and then,
+        and its pace is what it takes between them, not over them."""
         if len(self.spells) < 2:
             return None
         (_, opened, first), (began, ended, last) = self.spells
         if ended <= before or ended - began > SHORT_PAUSE or ended - opened > 2 * SHORT_PAUSE:
+            return None
+        if ended - began < SPELL_SHARE * (ended - opened):
             return None
         answers = last - first
         if answers < PACE_ANSWERS:

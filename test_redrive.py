@@ -2078,6 +2078,16 @@ def test_a_short_window_with_no_retry_after_is_measured_from_one_opening_to_the_
     assert not host.pace.fast
 
 
+@pytest.mark.parametrize("began, taken", [
+    (1.1, (45, 0, 1.0, False, 0.9)),  # refused for 0.9 s of the 1 s between openings: a window, burst then spell
+    (1.9, None),  # refused for 0.1 s of it: a leaky bucket's probe pause, its pace is not measured over it
+])
+def test_only_a_spell_that_fills_most_of_the_cycle_measures_a_window(began, taken):
+    quota = redrive.Quota()
+    quota.spells.extend([(0.1, 1.0, 0), (began, 2.0, 45)])
+    assert quota.after_short_spell(before=1.5) == (taken and pytest.approx(taken))
+
+
 def test_a_throttle_a_slot_after_the_cut_slows_a_little_not_by_half():
     host = redrive.Host(limit=4.0, cap=32, reacted_at=10.0, pace=redrive.Pace(rate=50.0, peak=55.0))
     host.first_answer = 0.0
