@@ -1207,23 +1207,19 @@ class Quota:
 
 @dataclass
 class Host:
-    """One origin's gate: a pause, an adaptive rate and concurrency.
+    """One origin's gate: a pause, a concurrency limit, a Pace and a Quota.
 
     Answers feed it: succeeded (any answer but a throttle: a 404 or a 500
-    says nothing about pace), throttled (429, 503) and unreachable. A
-    throttle is the host's or one id's (see HOST_RUN). The host's first
-    throttle of a request sent after its last reaction is a new reaction:
-    the pause its Retry-After asks for, the cut (see CUT_FACTOR) and half the
-    concurrency; or, when nothing was accepted since the last reaction and
-    there is no Retry-After, a probe pause (see PROBE_FIRST). Throttles of
-    requests already in flight at a reaction are part of it: nothing more.
-    Until its first reaction a host is in slow start (see START_LIMIT);
-    after it, each success adds 1 / limit. Its rate (see Pace) is None (no
-    pacing) until the first cut; its quota windows are its Quota's.
-
-    A host that DOWN_AFTER requests in a row never reached is down: it lets
-    one probe at a time through, each after a longer pause, until any answer
-    comes back (see unreachable).
+    says nothing about pace), throttled (429, 503; the host's or one id's,
+    see HOST_RUN) and unreachable. The host's throttle of a request sent
+    after its last reaction is a new one: the pause its Retry-After asks for,
+    the cut (see CUT_FACTOR) and half the concurrency; or, when nothing was
+    accepted since the last reaction and there is no Retry-After, a probe
+    pause (see PROBE_FIRST). Throttles of requests in flight at a reaction
+    are part of it. Until its first reaction a host is in slow start (see
+    START_LIMIT); after it, each success adds 1 / limit. A host that
+    DOWN_AFTER requests in a row never reached is down: one probe at a time,
+    each after a longer pause, until any answer comes back (see unreachable).
     """
 
     limit: float  #: concurrency ceiling, between 1 and --concurrency
