@@ -1252,23 +1252,20 @@ def test_without_requests_installed_one_line_says_how_to_install_it(tmp_path):
 # -------------------------------------------------- processes and signals
 
 
-def wait_for_lines(path, count, proc, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_bytes().count(b"\n") >= count:
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"process ended early: {proc.stderr.read()}")
-        time.sleep(0.01)
-    raise AssertionError(f"{path} never reached {count} lines")
-
-
 def wait_until(condition, failure, timeout=20.0):
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(failure)
         time.sleep(0.01)
+
+
+def wait_for_lines(path, count, proc, timeout=20.0):
+    def enough():
+        if proc.poll() is not None:
+            raise AssertionError(f"process ended early: {proc.stderr.read()}")
+        return path.exists() and path.read_bytes().count(b"\n") >= count
+    wait_until(enough, f"{path} never reached {count} lines", timeout)
 
 
 def read_line_with(proc, text, timeout=10.0):
