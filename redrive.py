@@ -2620,9 +2620,9 @@ class Tally:
         """The first stop stands; requests in flight get a grace (a whole
         --timeout after --max-time, else GRACE_SECONDS at most). Takes no lock:
         a signal handler calls it (see Batch.request_stop)."""
-        if not self.stop:
-            self.stop = why
+        if not self.stop:  # the grace first: whoever sees the stop sees its grace too
             self.stop_at = now + (cfg.timeout if why is Stop.TIME else min(GRACE_SECONDS, cfg.timeout))
+            self.stop = why
 
 
 class Schedule:
