@@ -790,8 +790,8 @@ class Move(Enum):
     DONE = "done"  #: stored: results.jsonl, then done.txt
     HALT = "halt"  #: a fatal answer: the whole run stops, nothing is marked
     RETRY = "retry"  #: asked again in this pass, after Step.wait
-    FAIL = "fail"  #: this pass is over for it: failed.jsonl, then the next pass after Step.wait
-    GIVE_UP = "give up"  #: failed its last pass: failed.jsonl, then unavailable.jsonl
+    FAIL = "fail"  #: this pass is over for it: failed.jsonl (see resume_step), then the next pass after Step.wait
+    GIVE_UP = "give up"  #: failed its last pass: failed.jsonl (see resume_step), then unavailable.jsonl
     UNAVAILABLE = "unavailable"  #: settled at once: unavailable.jsonl
     LEAVE = "leave"  #: the run is stopping: nothing recorded, the id stays pending
 
@@ -1916,6 +1916,16 @@ def latest_failure(state: State, item_id: str) -> Optional[dict]:
     if failed and settled and settled.get("at", "") >= failed.get("at", ""):
         return None
     return failed
+
+
+def resume_step(last: dict, cfg: Config, wall: float) -> Step:
+    """next_step for an id whose pass failed in an earlier run (`last`, its
+    failed.jsonl line, already written): GIVE_UP if that was its last pass,
+    else FAIL: its next pass once the cool-down, counted from the failure
+    across runs, is over (Step.wait seconds from `wall`)."""
+    if last["pass"] >= cfg.passes:
+        return Step(Move.GIVE_UP)
+    return Step(Move.FAIL, max(0.0, parse_iso(last["at"]) + pass_wait(cfg, last.get("retry_after")) - wall))
 
 
 def request_shape(request: Request) -> dict:
@@ -3152,14 +3162,14 @@ def plan(ids: list, state: State, cfg: Config, batch: Batch, ledger: Ledger, fx:
             settler.counts["unavailable"] += 1
             continue
         last = latest_failure(state, item_id)
-        if last is None:
+        step = resume_step(last, cfg, wall) if last else None
+        if step is None:
             settler.schedule(Item(item_id), now)
-        elif last["pass"] >= cfg.passes:
+        elif step.move is Move.GIVE_UP:
             settle_exhausted(item_id, last, ledger, state, cfg, wall)
             settler.counts["unavailable"] += 1
         else:
-            ready = now + max(0.0, parse_iso(last["at"]) + pass_wait(cfg, last.get("retry_after")) - wall)
-            settler.schedule(Item(item_id, last["pass"] + 1), ready)
+            settler.schedule(Item(item_id, last["pass"] + 1), now + step.wait)
     return rest
 
 

@@ -473,6 +473,17 @@ def test_one_host_identity_gives_the_gate_the_origin_and_the_name_in_messages():
 NOW = 1_700_000_000.0
 
 
+@pytest.mark.parametrize("last, move, wait", [
+    ({"pass": 1, "at": redrive.iso(NOW - 10)}, "FAIL", 20.0),  # 10 s into a 30 s cool-down
+    ({"pass": 1, "at": redrive.iso(NOW - 10), "retry_after": 60.0}, "FAIL", 50.0),  # a longer Retry-After
+    ({"pass": 1, "at": redrive.iso(NOW - 3600)}, "FAIL", 0.0),  # due long ago: at once
+    ({"pass": 2, "at": redrive.iso(NOW - 10)}, "GIVE_UP", 0.0),  # it failed its last pass
+])
+def test_resume_step_takes_an_earlier_runs_failure_on_from_where_it_stopped(last, move, wait):
+    step = redrive.resume_step(last, Config(Path("i"), Path("s")), NOW)
+    assert (step.move, step.wait) == (redrive.Move[move], pytest.approx(wait))
+
+
 @pytest.mark.parametrize("value, expected", [
     ("7", 7.0), (" 120 ", 120.0), ("0", 0.0), (None, None), ("", None), ("soon", None), ("-3", None),
     (email.utils.formatdate(NOW + 42, usegmt=True), 42.0),
