@@ -1248,6 +1248,14 @@ def test_help_and_version(capsys):
     assert sorted(map(int, re.findall(r"\b(\d{1,3}) ", told))) == sorted(int(code) for code in ExitCode)
 
 
+def test_the_readmes_options_table_names_every_option_and_no_other():
+    readme = (HERE / "README.md").read_text(encoding="utf-8")
+    table = readme[readme.index("## Options"):readme.index("## Buckets")]
+    documented = set(re.findall(r"^\| `(?:-\w`, `)?(--[\w-]+)", table, re.M))
+    options = {o for action in redrive.build_parser()._actions for o in action.option_strings if o.startswith("--")}
+    assert documented == options - {"--help"}
+
+
 def test_a_mistyped_option_gets_the_closest_one_suggested(tmp_path):
     code, err, _ = run_cli([write_ids(tmp_path, ["a"]), "--concurency", "8"])
     assert code == ExitCode.USAGE and "did you mean --concurrency?" in err and err.count("\n") == 1
