@@ -2827,6 +2827,27 @@ def test_a_connect_timeout_is_named_and_points_at_the_host(full_backlog, tmp_pat
     assert record["action"].startswith("host not reachable (connect timeout after 0.3 s)")
 
 
+def test_a_connect_the_local_stack_refuses_is_cannot_connect_and_points_at_the_host(tmp_path):
+    # connect() to the broadcast address fails in the kernel (EACCES, or
+    # ENETUNREACH with no route): no packet leaves the machine
+    ids = write_ids(tmp_path, ["http://255.255.255.255:9/x"])
+    code, err, fake = run_cli([ids, "--tries", "2", "--passes", "1"])
+    [record] = state(tmp_path, "unavailable.jsonl")
+    assert code == ExitCode.OK and (record["reason"], record["cause"]) == ("cannot connect", "unreached")
+    assert record["action"].startswith("host not reachable (cannot connect)") and record["tries"] == 2
+    assert state(tmp_path, "done.txt") == [] and not os.path.exists(tmp_path / "results.jsonl")
+
+
+def test_a_read_timeout_raised_by_requests_itself_is_a_timeout_not_a_dead_host(server):
+    import requests
+    server.replies["s"] = [("sleep", 0.5, 200)]
+    with pytest.raises(requests.exceptions.ReadTimeout) as caught:
+        requests.get(server.base + "/items/s", timeout=0.1)
+    assert redrive.transport_failure(caught.value, redrive.Phase.REQUEST, 0.1) == (
+        redrive.Bucket.RETRYABLE, redrive.Cause.TIMEOUT, "timeout after 0.1 s")
+    assert not redrive.never_connected(caught.value)
+
+
 def test_a_host_name_that_does_not_resolve_is_named(tmp_path):
     ids = write_ids(tmp_path, ["http://no-such-host.invalid/x"])  # .invalid never resolves (RFC 6761)
     code, _, _ = run_cli([ids, "--tries", "1", "--passes", "1"])
