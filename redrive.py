@@ -230,9 +230,13 @@ FAST_GROWTH = 2.0
 #: Retry-After, a spell of refusing everything (SHORT_PAUSE seconds or less)
 #: ends such a window: the allowance is what the host took from the end of
 #: one spell to the end of the next, over the time between them, when the
-#: spell is SPELL_SHARE of that time or more (a window's burst is quick).
+#: spell is SPELL_SHARE of that time or more (a window's burst is quick),
+#: and only for a throttle within WINDOW_FRESH windows of the last opening:
+#: one that comes after many windows taken whole is a pace grown past the
+#: allowance, measured as any other.
 SHORT_PAUSE = 2.0
 SPELL_SHARE = 0.5
+WINDOW_FRESH = 1.5
 STEADY_BAND = 0.05
 STEADY_MAX = 3
 MIN_RATE = 0.5
@@ -1196,20 +1200,25 @@ class Quota:
         self.allowance = self.oks - self.opened_oks
         self.opened_oks, self.sent_in_window = self.oks, sent
 
-    def after_short_spell(self, before: float) -> Optional[tuple]:
+    def after_short_spell(self, before: float, now: float) -> Optional[tuple]:
         """pace_taken's answer for short quota windows with no Retry-After: the
         host refused everything for a spell (SHORT_PAUSE seconds or less)
         since `before`, and for one more before it. The first answer after a
         spell is a window's first: what the host took from one such answer to
         the next, over the time between them, is its allowance per window.
-        None when that is not the case, when so few answers are a guess, or
-        when the spell is under SPELL_SHARE of that time: a leaky bucket
-        paced just past its rate refuses for a probe's pause now and then,
-        and its pace is what it takes between them, not over them."""
+        None when that is not the case, when so few answers are a guess, when
+        the throttle at `now` ends a later window than the one the last spell
+        opened (over WINDOW_FRESH windows after it: the pace stayed under the
+        allowance that long, then grew past it), or when the spell is under
+        SPELL_SHARE of that time: a leaky bucket paced just past its rate
+        refuses for a probe's pause now and then, and its pace is what it
+        takes between them, not over them."""
         if len(self.spells) < 2:
             return None
         (_, opened, first), (began, ended, last) = self.spells
         if ended <= before or ended - began > SHORT_PAUSE or ended - opened > 2 * SHORT_PAUSE:
+            return None
+        if now - ended > WINDOW_FRESH * (ended - opened):
             return None
         if ended - began < SPELL_SHARE * (ended - opened):
             return None
@@ -1366,7 +1375,7 @@ class Host:
     def cut(self, now: float, before: float = float("-inf"), wait: Optional[float] = None) -> None:
         """The rate to CUT_FACTOR of the pace the host took since the last
         reaction at `before` (see CUT_FACTOR), the concurrency to half."""
-        spell = None if wait is not None else self.quota.after_short_spell(before)
+        spell = None if wait is not None else self.quota.after_short_spell(before, now)
         taken = spell or pace_taken(self, now, before, wait)
         self.limit = max(1.0, self.limit / 2)
         self.pace.cut(*taken, whole=spell is not None, told=wait is not None)

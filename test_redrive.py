@@ -2117,7 +2117,15 @@ def test_a_short_window_with_no_retry_after_is_measured_from_one_opening_to_the_
 def test_only_a_spell_that_fills_most_of_the_cycle_measures_a_window(began, taken):
     quota = redrive.Quota()
     quota.spells.extend([(0.1, 1.0, 0), (began, 2.0, 45)])
-    assert quota.after_short_spell(before=1.5) == (taken and pytest.approx(taken))
+    assert quota.after_short_spell(before=1.5, now=2.95) == (taken and pytest.approx(taken))
+
+
+def test_a_window_measured_long_ago_does_not_set_the_cut_of_a_later_overflow():
+    quota = redrive.Quota()
+    quota.spells.extend([(0.1, 1.0, 0), (1.1, 2.0, 45)])  # 45 a window, measured from 1.0 to 2.0
+    assert quota.after_short_spell(before=1.5, now=3.4) == pytest.approx((45, 0, 1.0, False, 0.9))
+    # 12 windows later the pace had stayed under 45 a window until it grew past it: that is what to measure
+    assert quota.after_short_spell(before=1.5, now=14.0) is None
 
 
 def test_a_throttle_a_slot_after_the_cut_slows_a_little_not_by_half():
