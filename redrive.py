@@ -206,12 +206,8 @@ PACED_SHARE = 0.05
 #: span less than GUESS_SPAN: see guess_floor), and one that took it
 #: all, the rate it was sent (the guess is near). The very first cut is a
 #: guess that grows by FAST_GROWTH req/s per answer (doubling in a third of
-#: a second) until a cut where the host refused part of the pace. A throttle
-#: that names its pause (Retry-After) cuts to TOLD_CUT instead: the pause
-#: honoured lets the limit recover, and each probe past it costs that pause,
-#: so the pace is held just under what the host took, not a tenth below.
+#: a second) until a cut where the host refused part of the pace.
 CUT_FACTOR = 0.9
-TOLD_CUT = 0.97
 PLATEAU = 4.0
 GUESS_SPAN = 0.25
 PACE_ANSWERS = 20
@@ -1116,12 +1112,10 @@ class Pace:
         elif self.rate:
             self.rate = max(self.rate, self.peak * cubic_pace(since_cut, self.plateau))
 
-    def cut(self, answers: int, refused: int, span: float, guess: bool, cost: float, whole: bool = False,
-            told: bool = False) -> None:
+    def cut(self, answers: int, refused: int, span: float, guess: bool, cost: float, whole: bool = False) -> None:
         """What the host took (see pace_taken): `answers` and `refused` over
         `span` seconds, a guess or not; a probe past it costs `cost` s of
-        pause; `whole`: a window measured from one opening to the next;
-        `told`: the throttle named its pause (see TOLD_CUT)."""
+        pause; `whole`: a window measured from one opening to the next."""
         previous = self.peak
         if self.rate is None:
             self.peak, self.fast = max(answers, 1) / max(GUESS_SPAN, span), guess
@@ -1132,7 +1126,7 @@ class Pace:
                 accepted = max(accepted, self.rate * guess_floor(span))
             self.peak = self.rate if took_all and (guess or self.fast) and not whole else accepted
             self.fast = self.fast and guess and took_all
-        self.rate = max(MIN_RATE, (TOLD_CUT if told else CUT_FACTOR) * self.peak)
+        self.rate = max(MIN_RATE, CUT_FACTOR * self.peak)
         self.plateau = PLATEAU * (1.0 + cost) * 2 ** self.steady(previous)  # probe a costly or steady limit less often
 
     def steady(self, previous: Optional[float]) -> int:
@@ -1378,7 +1372,7 @@ class Host:
         spell = None if wait is not None else self.quota.after_short_spell(before, now)
         taken = spell or pace_taken(self, now, before, wait)
         self.limit = max(1.0, self.limit / 2)
-        self.pace.cut(*taken, whole=spell is not None, told=wait is not None)
+        self.pace.cut(*taken, whole=spell is not None)
         self.next_slot = max(self.next_slot, now + 1.0 / self.pace.rate)  # the next request one slot after the throttle
 
 

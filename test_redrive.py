@@ -2006,22 +2006,6 @@ def test_the_cut_is_below_what_the_host_accepted_when_it_refused_more():
     assert host.limit == 4.0  # refusals among what was in flight: half the concurrency
 
 
-def test_a_throttle_that_names_its_pause_cuts_less_than_one_that_does_not():
-    cuts = {}
-    for wait in (None, 1.0):
-        host = redrive.Host(limit=8.0, cap=8, reacted_at=-2.0, pace=redrive.Pace(rate=60.0, peak=60.0))
-        host.first_answer = 0.0
-        answers(host, [1.0 + n / 50 for n in range(50)])  # 50 r/s for the last second, all taken
-        host.start(2.0)
-        host.start(2.0)
-        host_wide = [host.throttled(2.0, 2.0, wait, 60.0), host.throttled(2.0, 2.0, wait, 60.0)]
-        assert host_wide == ([False, True] if wait is None else [True, True])  # a plain 429 counts at the second
-        cuts[wait] = host.pace.rate / host.pace.peak
-    # the pause it asked for already lets the limit recover: it need not be undercut as deep
-    assert cuts == {None: pytest.approx(redrive.CUT_FACTOR), 1.0: pytest.approx(redrive.TOLD_CUT)}
-    assert redrive.CUT_FACTOR < redrive.TOLD_CUT < 1.0
-
-
 def test_a_cut_from_a_handful_of_answers_is_a_guess_that_slows_by_half_at_most():
     host = redrive.Host(limit=8.0, cap=8, reacted_at=0.0, pace=redrive.Pace(rate=20.0, peak=20.0))
     host.first_answer = 0.0
@@ -2203,7 +2187,7 @@ def test_a_pause_inside_the_second_marks_a_quota_window_for_the_cut():
     for t in (1.2, 1.205, 1.21, 1.215):
         host.start(t)
         host.throttled(t + 0.001, t, 2.0 - (t + 0.001), 60.0)  # "come back at 2.0": the window was [1.0, 2.0)
-    assert host.pace.peak == pytest.approx(10.0) and host.pace.rate == pytest.approx(redrive.TOLD_CUT * 10.0)
+    assert host.pace.peak == pytest.approx(10.0) and host.pace.rate == pytest.approx(9.0)
 
 
 def test_a_short_retry_after_makes_a_burst_and_its_pause_one_window():
@@ -2213,7 +2197,7 @@ def test_a_short_retry_after_makes_a_burst_and_its_pause_one_window():
         host.start(t - 0.001)
         host.throttled(t, t - 0.001, 1.0, 60.0)
     assert host.pace.peak == pytest.approx(10 / 1.103)  # 10 answers from the first one to the pause's end
-    assert host.pace.rate == pytest.approx(redrive.TOLD_CUT * 10 / 1.103) and not host.pace.fast  # a whole window
+    assert host.pace.rate == pytest.approx(0.9 * 10 / 1.103) and not host.pace.fast  # a whole window: no guess
     assert host.pace.plateau == redrive.PLATEAU  # the burst's pace was not held: no cost to weigh
 
 
