@@ -1424,9 +1424,14 @@ def guess_floor(span: float) -> float:
 
 def cubic_pace(elapsed: float, plateau: float = PLATEAU) -> float:
     """The rate, as a share of the pace accepted at the last cut, `elapsed`
-    seconds after it: 1 + (1 - CUT_FACTOR) * ((elapsed - plateau) / plateau) ** 3.
-    CUT_FACTOR at the cut, 1 after `plateau` seconds, growing ever faster past it."""
-    return 1.0 + (1.0 - CUT_FACTOR) * ((elapsed - plateau) / plateau) ** 3
+    seconds after it: 1 + (1 - CUT_FACTOR) * ((elapsed - plateau) / scale) ** 3,
+    scale being `plateau` up to it and PLATEAU past it. CUT_FACTOR at the cut,
+    1 after `plateau` seconds, then growing ever faster: 1.1 times after
+    PLATEAU more, 1.8 times after 2 x PLATEAU more. A long plateau probes a
+    steady limit less often; once past it, the climb is as quick as ever, so
+    a limit that came back is found in 2 x PLATEAU, not in twice the plateau."""
+    scale = plateau if elapsed < plateau else PLATEAU
+    return 1.0 + (1.0 - CUT_FACTOR) * ((elapsed - plateau) / scale) ** 3
 
 
 # ------------------------------------------------------------------ input

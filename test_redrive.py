@@ -2019,6 +2019,8 @@ def test_a_cut_from_a_handful_of_answers_is_a_guess_that_slows_by_half_at_most()
 
 def test_after_a_cut_the_rate_climbs_back_along_a_cubic():
     assert [round(redrive.cubic_pace(t), 3) for t in (0, 2, 4, 6, 8, 12)] == [0.9, 0.988, 1.0, 1.012, 1.1, 1.8]
+    # a plateau of 16 s (a steady limit): flat four times as long, then the same climb as ever
+    assert [round(redrive.cubic_pace(t, 16.0), 3) for t in (0, 8, 16, 20, 24)] == [0.9, 0.988, 1.0, 1.1, 1.8]
     host = redrive.Host(limit=4.0, cap=8, reacted_at=10.0, pace=redrive.Pace(rate=45.0, peak=50.0))
     for t, rate in ((12.0, 49.375), (14.0, 50.0), (18.0, 55.0)):
         host.start(t)
