@@ -1429,7 +1429,8 @@ def cubic_pace(elapsed: float, plateau: float = PLATEAU) -> float:
     1 after `plateau` seconds, then growing ever faster: 1.1 times after
     PLATEAU more, 1.8 times after 2 x PLATEAU more. A long plateau probes a
     steady limit less often; once past it, the climb is as quick as ever, so
-    a limit that came back is found in 2 x PLATEAU, not in twice the plateau."""
+    a limit that came back is found 2 x PLATEAU after the plateau ends, not
+    two whole plateaus after."""
     scale = plateau if elapsed < plateau else PLATEAU
     return 1.0 + (1.0 - CUT_FACTOR) * ((elapsed - plateau) / scale) ** 3
 
