@@ -2675,6 +2675,7 @@ class Schedule:
         self.hosts, self.active = {}, deque()  #: Host by name; hosts with ready ids, round robin
         self.next_slot = 0.0  #: --rate: when the next request may start
         self.inflight = 0
+        self.pauses = {}  #: host name -> the end of its pause, for the hosts an answer paused
         self.fixed_host = None if "{id}" in urlsplit(cfg.request.url).netloc or cfg.request.url == "{id}" else \
             host_of(cfg.request.url, "")  #: the one host every id goes to, if the template says so
 
@@ -2716,7 +2717,8 @@ class Schedule:
             self._make_ready(heapq.heappop(self.heap)[2])
 
     def _open_host(self, now: float) -> Optional[Host]:
-        """The next host, round robin, whose gate is open now."""
+        """The next host, round robin, whose gate is open now: it is left
+        last in the round robin."""
         for _ in range(len(self.active)):
             host = self.hosts[self.active[0]]
             self.active.rotate(-1)
@@ -2736,7 +2738,7 @@ class Schedule:
             return None
         item = host.ready.popleft()
         if not host.ready:
-            self.active.remove(item.host)
+            self.active.pop()  # the host _open_host left last: no scan of a million hosts
         host.start(now)
         item.sent = now
         if self.cfg.rate:
@@ -2753,9 +2755,13 @@ class Schedule:
         return min(times) if times else None
 
     def settled(self, item: Item, now: float) -> None:
-        """The id's attempt is settled: a host as new is forgotten (ids on a
-        million hosts keep no million gates)."""
-        if self.hosts[item.host].forgettable(now, self.cfg.concurrency):
+        """The id's attempt is settled: a host its answer paused is noted (see
+        paused_until), a host as new is forgotten (ids on a million hosts keep
+        no million gates)."""
+        host = self.hosts[item.host]
+        if host.paused_until > now:
+            self.pauses[item.host] = host.paused_until
+        elif host.forgettable(now, self.cfg.concurrency):
             del self.hosts[item.host]
 
     def gate_opens(self, name: str, now: float) -> Optional[float]:
@@ -2763,9 +2769,15 @@ class Schedule:
         host = self.hosts.get(name)
         return host.opens_at(now) if host is not None and host.ready else None
 
-    def paused_until(self) -> float:
-        """The latest pause of a host with ids ready (0: none is paused)."""
-        return max((self.hosts[name].paused_until for name in self.active), default=0.0)
+    def paused_until(self, now: float) -> float:
+        """The latest pause of a host with ids ready (0: none is paused). Only
+        the hosts noted as paused are looked at, and those whose pause is over
+        are dropped: a status line over a list of URLs on a million hosts
+        scans no million gates (0.6 s under the lock, each time)."""
+        for name, until in list(self.pauses.items()):
+            if until <= now or name not in self.hosts:
+                del self.pauses[name]
+        return max((until for name, until in self.pauses.items() if self.hosts[name].ready), default=0.0)
 
 
 def unavailable_record(item_id, reason, status, bucket, cause, tries, at, passes) -> dict:
@@ -2901,7 +2913,7 @@ class Settler:
         timeline, counts = self.timeline, self.counts
         idle = not (timeline.inflight or timeline.active)
         return Snapshot(self.tally.requests, counts["done"], counts["unavailable"], counts["awaiting"],
-                        self.last_due, max(self.started_passes, default=1), timeline.paused_until(),
+                        self.last_due, max(self.started_passes, default=1), timeline.paused_until(self.fx.clock()),
                         timeline.next_due() if idle else None)
 
     def schedule(self, item: Item, ready_at: float) -> None:
@@ -2973,7 +2985,7 @@ class Settler:
         if down and not was_down:
             self.tally.down = {"host": self.api, "reason": out.error, "since": iso(self.fx.wallclock()), "probes": 0}
             self.say(f"redrive: {self.api} is unreachable ({out.error}); waiting for it, "
-                              f"{self.cfg.tries * self.cfg.passes} probes at most")
+                     f"{self.cfg.tries * self.cfg.passes} probes at most")
         if down:
             self.tally.down["probes"] = host.probes
         if host.probes >= self.cfg.tries * self.cfg.passes:

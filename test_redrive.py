@@ -2276,9 +2276,23 @@ def test_the_schedule_holds_ids_behind_a_paused_host_and_lets_other_hosts_go():
         timeline.add(redrive.Item(item_id), 0.0, now=0.0)
     a = timeline.take(0.0)
     timeline.hosts[a.host].paused_until = 3.0  # its Retry-After
+    timeline.settled(a, 0.0)
     assert timeline.take(0.0).id == "http://b.test/1"
-    assert timeline.take(0.0) is None and timeline.next_wake(0.0) == 3.0 and timeline.paused_until() == 3.0
+    assert timeline.take(0.0) is None and timeline.next_wake(0.0) == 3.0 and timeline.paused_until(0.0) == 3.0
     assert timeline.take(3.0).id == "http://a.test/2"
+    assert timeline.paused_until(3.0) == 0.0 and not timeline.pauses  # the pause is over: forgotten
+
+
+def test_the_schedule_takes_ids_on_many_hosts_in_turn_without_scanning_them():
+    timeline = redrive.Schedule(Config(Path("i"), Path("s"), concurrency=8))
+    for n in range(20000):
+        timeline.add(redrive.Item(f"http://h{n}.test/x"), 0.0, now=0.0)
+    taken = []
+    while (item := timeline.take(0.0)) is not None:  # one id a host: each take empties its host's queue
+        taken.append(item.id)
+        timeline.inflight -= 1
+    assert taken == [f"http://h{n}.test/x" for n in range(20000)] and not timeline.active
+    assert timeline.paused_until(0.0) == 0.0
 
 
 def planned_batch(tmp_path, ids, *extra):
