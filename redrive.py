@@ -197,16 +197,20 @@ PACED_SHARE = 0.05
 #: the host took: that of its last PACE_ANSWERS accepted answers (GUESS_SPAN
 #: seconds' worth at least) since the last reaction (what came before it, a
 #: burst the host allowed once, says nothing of its pace), and the
-#: concurrency halves. It then climbs back along a cubic: near that pace for
-#: about PLATEAU seconds (the limit is probed gently, not hit again at once),
-#: then faster and faster (the limit has moved): 1.1 times it after
-#: 2 x PLATEAU, 1.8 times after 3 x PLATEAU. The next request waits one slot
-#: after the throttle. Fewer answers are a guess: a host that refused part
-#: of the pace keeps GUESS_FLOOR of the rate at least (more when the answers
-#: span less than GUESS_SPAN: see guess_floor), and one that took it
-#: all, the rate it was sent (the guess is near). The very first cut is a
-#: guess that grows by FAST_GROWTH req/s per answer (doubling in a third of
-#: a second) until a cut where the host refused part of the pace.
+#: concurrency halves. When the host refused THROTTLE_SHARE of that pace or
+#: less, the pace it was sent counts, refusals included: a limit with no
+#: slack (nginx's limit_req with no burst) refuses a request that jitter
+#: brought a few ms early, and the slot it lost is not a lower limit. The
+#: rate then climbs back along a cubic: near that pace for about PLATEAU
+#: seconds (the limit is probed gently, not hit again at once), then faster
+#: and faster (the limit has moved): 1.1 times it after 2 x PLATEAU, 1.8
+#: times after 3 x PLATEAU. The next request waits one slot after the
+#: throttle. Fewer answers are a guess: a host that refused part of the pace
+#: keeps GUESS_FLOOR of the rate at least (more when the answers span less
+#: than GUESS_SPAN: see guess_floor), and one that took it all, the rate it
+#: was sent (the guess is near). The very first cut is a guess that grows by
+#: FAST_GROWTH req/s per answer (doubling in a third of a second) until a cut
+#: where the host refused part of the pace.
 CUT_FACTOR = 0.9
 PLATEAU = 4.0
 GUESS_SPAN = 0.25
@@ -1124,7 +1128,12 @@ class Pace:
             took_all = refused <= THROTTLE_SHARE * answers  # the pace was about right, just over the limit
             if guess:
                 accepted = max(accepted, self.rate * guess_floor(span))
-            self.peak = self.rate if took_all and (guess or self.fast) and not whole else accepted
+            if whole or not took_all:
+                self.peak = accepted
+            elif guess or self.fast:
+                self.peak = self.rate
+            else:  # the pace it was sent: the refused requests' slots are jitter, not a lower limit
+                self.peak = (answers + refused) / max(span, (answers + refused) / self.rate)
             self.fast = self.fast and guess and took_all
         self.rate = max(MIN_RATE, CUT_FACTOR * self.peak)
         self.plateau = PLATEAU * (1.0 + cost) * 2 ** self.steady(previous)  # probe a costly or steady limit less often

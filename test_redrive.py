@@ -2006,6 +2006,20 @@ def test_the_cut_is_below_what_the_host_accepted_when_it_refused_more():
     assert host.limit == 4.0  # refusals among what was in flight: half the concurrency
 
 
+def test_a_cut_where_the_host_refused_a_tenth_or_less_is_below_the_pace_sent_not_the_pace_accepted():
+    # sent at 55 r/s for the last second; a limit with no slack refused the one at 1.8 s (jitter)
+    host = redrive.Host(limit=8.0, cap=8, reacted_at=-2.0, pace=redrive.Pace(rate=55.0, peak=55.0))
+    host.first_answer = 0.0
+    sent = [1.0 + k / 55 for k in range(55)]
+    answers(host, [t for t in sent if t < 1.8])
+    refusals(host, [1.8])
+    answers(host, [t for t in sent if t > 1.8])
+    host.start(2.0)
+    assert host.throttled(2.0, 2.0, None, 60.0)  # the second refusal in half a second: the host's
+    # the last 20 answers and the 2 refusals among them span 0.38 s: sent at 55 r/s, 52.4 r/s accepted
+    assert host.pace.peak == pytest.approx(55.0) and host.pace.rate == pytest.approx(49.5)
+
+
 def test_a_cut_from_a_handful_of_answers_is_a_guess_that_slows_by_half_at_most():
     host = redrive.Host(limit=8.0, cap=8, reacted_at=0.0, pace=redrive.Pace(rate=20.0, peak=20.0))
     host.first_answer = 0.0
