@@ -226,7 +226,11 @@ FAST_GROWTH = 2.0
 #: each time the pace goes past the limit: after a pace held for a whole
 #: second, the cubic's plateau is (1 + the pause) times longer. It doubles
 #: too for each cut in a row (STEADY_MAX at most) at a pace within STEADY_BAND
-#: of the last one: a steady limit is probed less and less often. With no
+#: of the last one: a steady limit is probed less and less often. A probe
+#: that costs no pause (a leaky bucket's refusal, retried at the next slot)
+#: keeps the plateau at PLATEAU, so a limit that came back is found within
+#: 3 x PLATEAU of the last cut (a steady one's 32 s plateau kept nginx's
+#: halved limit for 41 s after it returned). With no
 #: Retry-After, a spell of refusing everything (SHORT_PAUSE seconds or less)
 #: ends such a window: the allowance is what the host took from the end of
 #: one spell to the end of the next, over the time between them, when the
@@ -1136,7 +1140,8 @@ class Pace:
                 self.peak = (answers + refused) / max(span, (answers + refused) / self.rate)
             self.fast = self.fast and guess and took_all
         self.rate = max(MIN_RATE, CUT_FACTOR * self.peak)
-        self.plateau = PLATEAU * (1.0 + cost) * 2 ** self.steady(previous)  # probe a costly or steady limit less often
+        steady = self.steady(previous)  # a steady limit whose probe costs a pause is probed less and less often
+        self.plateau = PLATEAU * (1.0 + cost) * (2 ** steady if cost else 1)
 
     def steady(self, previous: Optional[float]) -> int:
         """Cuts in a row at a peak within STEADY_BAND of the one before (STEADY_MAX at most)."""

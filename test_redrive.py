@@ -2233,6 +2233,21 @@ def test_a_pace_held_past_a_short_window_waits_longer_to_probe_and_longer_still_
     assert plateaus == [cost, cost * 2, cost * 4, cost * 8, cost * 8]  # the same peak each time: probed ever less
 
 
+def test_a_steady_limit_whose_probes_cost_no_pause_keeps_a_short_plateau():
+    host = paced_host()  # 50 r/s accepted for the last second, the rate 50: the cubic at its plateau
+    plateaus = []
+    for second in (2, 12, 22):
+        if second > 2:
+            answers(host, [second - 1 + n / 50 for n in range(50)])
+            host.pace.rate = 50.0
+        refusals(host, [second - 0.01])
+        host.start(second)
+        assert host.throttled(second, second, None, 60.0)  # plain 429s, no Retry-After: a leaky bucket
+        plateaus.append((round(host.pace.peak, 3), host.pace.plateau, host.pace.steady_cuts))
+    # the same peak each time, a steady limit; but a probe cost only its refusals: found again within 12 s
+    assert plateaus == [(50.0, redrive.PLATEAU, 1), (50.0, redrive.PLATEAU, 2), (50.0, redrive.PLATEAU, 3)]
+
+
 def test_a_host_is_down_after_requests_in_a_row_never_reach_it_and_probed_one_at_a_time():
     host = redrive.Host(limit=8.0, cap=8)
     waits = lambda n: 10.0 * n  # noqa: E731
