@@ -1074,7 +1074,6 @@ def host_of(template: str, item_id: str) -> str:
     return f"{parts.scheme}://{netloc}"
 
 
-
 def in_shard(item_id: str, shard: tuple) -> bool:
     """Stable across machines and runs: crc32 of the UTF-8 id, modulo N."""
     k, n = shard
@@ -1437,7 +1436,7 @@ def guess_floor(span: float) -> float:
 
 
 def cubic_pace(elapsed: float, plateau: float = PLATEAU) -> float:
-    """The rate, as a share of the pace accepted at the last cut, `elapsed`
+    """The rate, as a share of the pace measured at the last cut (Pace.peak), `elapsed`
     seconds after it: 1 + (1 - CUT_FACTOR) * ((elapsed - plateau) / scale) ** 3,
     scale being `plateau` up to it and PLATEAU past it. CUT_FACTOR at the cut,
     1 after `plateau` seconds, then growing ever faster: 1.1 times after
