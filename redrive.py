@@ -224,7 +224,9 @@ FAST_GROWTH = 2.0
 #: burst, then this pause), up to the pause's end. A whole-second Retry-After
 #: overstates what is left of such a window, and honouring it costs a pause
 #: each time the pace goes past the limit: after a pace held for a whole
-#: second, the cubic's plateau is (1 + the pause) times longer. It doubles
+#: second, the cubic's plateau grows by the pause over PROBE_SHARE, so that
+#: such probes take that share of the run at most (a one-second pause: 24 s,
+#: where 8 s probed a per-second window three times in 30 s). It doubles
 #: too for each cut in a row (STEADY_MAX at most) at a pace within STEADY_BAND
 #: of the last one: a steady limit is probed less and less often. A probe
 #: that costs no pause (a leaky bucket's refusal, retried at the next slot)
@@ -243,6 +245,7 @@ SPELL_SHARE = 0.5
 WINDOW_FRESH = 1.5
 STEADY_BAND = 0.05
 STEADY_MAX = 3
+PROBE_SHARE = 0.05
 MIN_RATE = 0.5
 
 #: A host that throttles even the requests sent after the cut, with no
@@ -1140,7 +1143,7 @@ class Pace:
             self.fast = self.fast and guess and took_all
         self.rate = max(MIN_RATE, CUT_FACTOR * self.peak)
         steady = self.steady(previous)  # a steady limit whose probe costs a pause is probed less and less often
-        self.plateau = PLATEAU * (1.0 + cost) * (2 ** steady if cost else 1)
+        self.plateau = (PLATEAU + cost / PROBE_SHARE) * (2 ** steady if cost else 1)
 
     def steady(self, previous: Optional[float]) -> int:
         """Cuts in a row at a peak within STEADY_BAND of the one before (STEADY_MAX at most)."""

@@ -2229,7 +2229,7 @@ def test_a_pace_held_past_a_short_window_waits_longer_to_probe_and_longer_still_
         assert host.throttled(second, second, 1.0, 60.0)  # a third 429 from a host that limits: the host's
         plateaus.append(host.pace.plateau)
     assert host.pace.peak == pytest.approx(100.0)
-    cost = redrive.PLATEAU * (1 + 1.0)  # each probe past the limit cost a one-second pause
+    cost = redrive.PLATEAU + 1.0 / redrive.PROBE_SHARE  # each probe past the limit cost a one-second pause
     assert plateaus == [cost, cost * 2, cost * 4, cost * 8, cost * 8]  # the same peak each time: probed ever less
 
 
