@@ -18,10 +18,13 @@ Scenarios (all by default):
                  soon after the first answers: how long from the stop to the exit
   nginx          nginx's own limit_req (a leaky bucket answering 429 with no
                  Retry-After) at 10, 50 and 100 r/s, with and without burst and
-                 nodelay; every 50th id a real 404; skipped when nginx is absent
+                 nodelay; every 50th id a real 404; skipped when nginx is absent.
+                 For reference, 50 r/s with no burst again with --rate 45 and
+                 --rate 50 given by hand: what knowing the limit gets
   fixed-window   a fixed window that starts at the first request: 100 per second
                  (3,000 ids), 600 per minute (900 ids) and 600 per 10 s (2,400
-                 ids), each with a Retry-After to the window's end and with none
+                 ids), each with a Retry-After to the window's end and with none;
+                 for reference, 100 per second again with --rate 100 by hand
   limit-change   4,500 ids against nginx's leaky-bucket arithmetic at 100 r/s
                  (burst 10, no Retry-After), halved from 10 s to 25 s: the 429s,
                  and the accepted requests second by second
@@ -538,6 +541,10 @@ def lone_429(folder, count, opt):
 #: (one window spent), and per 10 s (three spent: the allowance learned from the first).
 WINDOWS = [(100, 1, 3000), (600, 60, 900), (600, 10, 2400)]
 
+#: (allowance, seconds, ids, --rate): the per-second window with Retry-After and its limit given by
+#: hand, for reference: what a client that knows the limit gets on this machine.
+WINDOWS_KNOWN = [(100, 1, 3000, 100)]
+
 
 def fixed_window(folder, count, opt):
     """N requests per window, then 429 until it ends: with a Retry-After to its end, and with none."""
@@ -547,28 +554,38 @@ def fixed_window(folder, count, opt):
             run_dir = folder / f"window-{size}-{seconds}-{int(retry_after)}"
             run_dir.mkdir()
             rows.append(window_row(run_dir, size, seconds, retry_after, count or ids, opt))
+    for size, seconds, ids, given in WINDOWS_KNOWN:
+        run_dir = folder / f"window-{size}-{seconds}-1-{given}"
+        run_dir.mkdir()
+        rows.append(window_row(run_dir, size, seconds, True, count or ids, opt, given))
     table(f"fixed window: the window starts at the first request; ideal (ceil(N / allowance) - 1) x window, "
-          f"the windows waited; {opt.latency * 1000:g} ms latency, concurrency {opt.concurrency}, no --rate", rows)
+          f"the windows waited; {opt.latency * 1000:g} ms latency, concurrency {opt.concurrency}, "
+          f"no --rate unless shown", rows)
 
 
-def limited_run(folder, count, opt, limiter):
+def limited_run(folder, count, opt, limiter, *options):
     """(Run, the server's /_stats) for redrive over `count` ids behind `limiter`."""
     proc, base = start_server(opt.latency, limit=limiter)
     try:
-        run = measured(redrive_cmd(write_ids(folder, count), base, "--concurrency", str(opt.concurrency)))
+        run = measured(redrive_cmd(write_ids(folder, count), base, "--concurrency", str(opt.concurrency), *options))
         return run, server_stats(base)
     finally:
         proc.terminate()
 
 
-def window_row(folder, size, seconds, retry_after, count, opt):
-    run, stats = limited_run(folder, count, opt, FixedWindow(size, seconds, retry_after))
+def window_row(folder, size, seconds, retry_after, count, opt, given=None):
+    """(label, figures) for one window: wall against the windows waited, and the share of 429s;
+    `given`: the --rate given by hand (None: discovered)."""
+    hand = ["--rate", str(given)] if given else []
+    run, stats = limited_run(folder, count, opt, FixedWindow(size, seconds, retry_after), *hand)
     sent, throttled = sent_and_throttled(stats)
     ideal = (math.ceil(count / size) - 1) * seconds
     show_error(run)
     label = (f"{size} per {'second' if seconds == 1 else f'{seconds} s'}, "
-             f"{'Retry-After' if retry_after else 'no Retry-After'}, {count} ids (exit {run.code})")
-    return label, (f"wall {run.wall:.1f} s = {run.wall / ideal:.2f} x {ideal:g} s (target <= 1.15), "
+             f"{'Retry-After' if retry_after else 'no Retry-After'}, {count} ids"
+             f"{f', --rate {given} by hand' if given else ''} (exit {run.code})")
+    ratio = f" = {run.wall / ideal:.2f} x {ideal:g} s (target <= 1.15)" if ideal else " (no window to wait: N <= allowance)"
+    return label, (f"wall {run.wall:.1f} s{ratio}, "
                    f"429s {throttled} = {throttled / max(sent, 1):.1%} of {sent} requests (target <= 3%), "
                    f"peak {run.rss:.0f} MB")
 
@@ -652,6 +669,10 @@ def stopped_run(ids, base, state, how):
 #: (rate r/s, burst, nodelay): the limiters of issue 12's table.
 NGINX_LIMITS = [(50, 0, False), (50, 10, False), (50, 10, True), (100, 20, True), (10, 5, True)]
 
+#: (rate, burst, nodelay, --rate): the same limiter with its limit given by hand, for reference: what a
+#: client that knows the limit gets on this machine (45: issue 12's own figure; 50: the limit exactly).
+NGINX_KNOWN = [(50, 0, False, 45), (50, 0, False, 50)]
+
 NGINX_CONF = """daemon off;
 master_process off;
 worker_processes 1;
@@ -684,16 +705,18 @@ def nginx(folder, count, opt):
         print("\nnginx: skipped: nginx is not installed (apt-get install nginx)")
         return
     rows = []
-    for rate, burst, nodelay in NGINX_LIMITS:
+    for rate, burst, nodelay, *given in NGINX_LIMITS + NGINX_KNOWN:
         ids = max(count, rate * 20 + burst) if count else rate * 20 + burst  # an ideal of at least 20 s
-        rows.append(nginx_row(binary, folder, rate, burst, nodelay, ids, opt))
+        rows.append(nginx_row(binary, folder, rate, burst, nodelay, ids, opt, *given))
     table(f"nginx {nginx_version(binary)} limit_req (429, no Retry-After), every 50th id a 404, "
-          f"concurrency {opt.concurrency}, no --rate", rows)
+          f"concurrency {opt.concurrency}, no --rate unless shown", rows)
 
 
-def nginx_row(binary, folder, rate, burst, nodelay, count, opt):
-    """(label, figures) for one limiter: wall against (N - burst) / rate, and the share of 429s."""
-    run_dir = folder / f"nginx-{rate}-{burst}-{int(nodelay)}"
+def nginx_row(binary, folder, rate, burst, nodelay, count, opt, given=None):
+    """(label, figures) for one limiter: wall against (N - burst) / rate, and the share of 429s;
+    `given`: the --rate given by hand (None: discovered)."""
+    run_dir = folder / f"nginx-{rate}-{burst}-{int(nodelay)}-{given}"
+    hand = ["--rate", str(given)] if given else []
     (run_dir / "www" / "items").mkdir(parents=True)
     (run_dir / "tmp").mkdir()
     for n in range(count):
@@ -712,14 +735,15 @@ def nginx_row(binary, folder, rate, burst, nodelay, count, opt):
         ids = run_dir / "ids.txt"
         ids.write_text("".join(f"i{n}\n" for n in range(count)))
         run = measured([sys.executable, str(HERE / "redrive.py"), str(ids), "--url",
-                        f"http://127.0.0.1:{port}/items/{{id}}", "-q", "--concurrency", str(opt.concurrency)])
+                        f"http://127.0.0.1:{port}/items/{{id}}", "-q", "--concurrency", str(opt.concurrency), *hand])
     finally:
         server.terminate()
         server.wait()
     statuses = Counter(line.split()[-1] for line in (run_dir / "access.log").read_text().splitlines())
     sent, throttled = sum(statuses.values()), statuses["429"]
     ideal = (count - burst) / rate
-    label = f"{rate} r/s, burst {burst}{' nodelay' if nodelay else ''}, {count} ids (exit {run.code})"
+    label = (f"{rate} r/s, burst {burst}{' nodelay' if nodelay else ''}, {count} ids"
+             f"{f', --rate {given} by hand' if given else ''} (exit {run.code})")
     show_error(run)
     return label, (f"wall {run.wall:.1f} s = {run.wall / ideal:.2f} x (N - burst) / rate (target <= 1.15), "
                    f"429s {throttled} = {throttled / max(sent, 1):.1%} of {sent} requests (target <= 3%), "
