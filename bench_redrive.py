@@ -555,7 +555,7 @@ def fixed_window(folder, count, opt):
             run_dir.mkdir()
             rows.append(window_row(run_dir, size, seconds, retry_after, count or ids, opt))
     for size, seconds, ids, given in WINDOWS_KNOWN:
-        run_dir = folder / f"window-{size}-{seconds}-1-{given}"
+        run_dir = folder / f"window-{size}-{seconds}-1-rate-{given}"
         run_dir.mkdir()
         rows.append(window_row(run_dir, size, seconds, True, count or ids, opt, given))
     table(f"fixed window: the window starts at the first request; ideal (ceil(N / allowance) - 1) x window, "
@@ -715,7 +715,7 @@ def nginx(folder, count, opt):
 def nginx_row(binary, folder, rate, burst, nodelay, count, opt, given=None):
     """(label, figures) for one limiter: wall against (N - burst) / rate, and the share of 429s;
     `given`: the --rate given by hand (None: discovered)."""
-    run_dir = folder / f"nginx-{rate}-{burst}-{int(nodelay)}-{given}"
+    run_dir = folder / f"nginx-{rate}-{burst}-{int(nodelay)}{f'-rate-{given}' if given else ''}"
     hand = ["--rate", str(given)] if given else []
     (run_dir / "www" / "items").mkdir(parents=True)
     (run_dir / "tmp").mkdir()
