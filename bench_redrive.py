@@ -563,6 +563,11 @@ def fixed_window(folder, count, opt):
           f"no --rate unless shown", rows)
 
 
+def by_hand(given):
+    """redrive's options and the row label's words for a --rate given by hand (None: discovered)."""
+    return (["--rate", str(given)], f", --rate {given} by hand") if given else ([], "")
+
+
 def limited_run(folder, count, opt, limiter, *options):
     """(Run, the server's /_stats) for redrive over `count` ids behind `limiter`."""
     proc, base = start_server(opt.latency, limit=limiter)
@@ -576,14 +581,14 @@ def limited_run(folder, count, opt, limiter, *options):
 def window_row(folder, size, seconds, retry_after, count, opt, given=None):
     """(label, figures) for one window: wall against the windows waited, and the share of 429s;
     `given`: the --rate given by hand (None: discovered)."""
-    hand = ["--rate", str(given)] if given else []
+    hand, shown = by_hand(given)
     run, stats = limited_run(folder, count, opt, FixedWindow(size, seconds, retry_after), *hand)
     sent, throttled = sent_and_throttled(stats)
     ideal = (math.ceil(count / size) - 1) * seconds
     show_error(run)
     label = (f"{size} per {'second' if seconds == 1 else f'{seconds} s'}, "
              f"{'Retry-After' if retry_after else 'no Retry-After'}, {count} ids"
-             f"{f', --rate {given} by hand' if given else ''} (exit {run.code})")
+             f"{shown} (exit {run.code})")
     ratio = f" = {run.wall / ideal:.2f} x {ideal:g} s (target <= 1.15)" if ideal else " (no window to wait: N <= allowance)"
     return label, (f"wall {run.wall:.1f} s{ratio}, "
                    f"429s {throttled} = {throttled / max(sent, 1):.1%} of {sent} requests (target <= 3%), "
@@ -716,7 +721,7 @@ def nginx_row(binary, folder, rate, burst, nodelay, count, opt, given=None):
     """(label, figures) for one limiter: wall against (N - burst) / rate, and the share of 429s;
     `given`: the --rate given by hand (None: discovered)."""
     run_dir = folder / f"nginx-{rate}-{burst}-{int(nodelay)}{f'-rate-{given}' if given else ''}"
-    hand = ["--rate", str(given)] if given else []
+    hand, shown = by_hand(given)
     (run_dir / "www" / "items").mkdir(parents=True)
     (run_dir / "tmp").mkdir()
     for n in range(count):
@@ -743,7 +748,7 @@ def nginx_row(binary, folder, rate, burst, nodelay, count, opt, given=None):
     sent, throttled = sum(statuses.values()), statuses["429"]
     ideal = (count - burst) / rate
     label = (f"{rate} r/s, burst {burst}{' nodelay' if nodelay else ''}, {count} ids"
-             f"{f', --rate {given} by hand' if given else ''} (exit {run.code})")
+             f"{shown} (exit {run.code})")
     show_error(run)
     return label, (f"wall {run.wall:.1f} s = {run.wall / ideal:.2f} x (N - burst) / rate (target <= 1.15), "
                    f"429s {throttled} = {throttled / max(sent, 1):.1%} of {sent} requests (target <= 3%), "
