@@ -248,6 +248,26 @@ STEADY_MAX = 3
 PROBE_SHARE = 0.05
 MIN_RATE = 0.5
 
+#: A window (so many requests a second) refuses once the pace sent is past
+#: its allowance: the pace measured at that refusal is above the limit, not
+#: at it. So when the probe cost a pause (a Retry-After), the cubic's anchor
+#: is that pace less WINDOW_MARGIN, and the rate starts WINDOW_MARGIN below
+#: the anchor, not at CUT_FACTOR of it: the pause has drained what the pace
+#: ran over. (Anchored at the pace itself, the cubic went back over a
+#: per-second window within its plateau: a second probe, a second pause.)
+#: The first window measured whole, from its first answer to the end of
+#: the pause it ended with, is a lower bound: a Retry-After in whole seconds
+#: overstates what was left of the window. The rate starts at it and climbs
+#: by LOWER_CLIMB of it a second, in a straight line, until the next cut:
+#: the cubic's plateau would hold it there for nothing, and its steep climb
+#: past the plateau overshot the window by 10% before the window's
+#: refusal showed. On a host whose limit is such a window, a slot the run
+#: loop missed by a slot or less is made up: a window counts requests, not
+#: the gaps between them (a leaky bucket with no burst counts the gaps, and
+#: gives no Retry-After).
+WINDOW_MARGIN = 0.03
+LOWER_CLIMB = 0.05
+
 #: A host that throttles even the requests sent after the cut, with no
 #: Retry-After, is out of quota until its window ends: it gets one probe at a
 #: time, each after a pause of STARVED_SHARE of the time it has refused
@@ -1114,18 +1134,24 @@ class Pace:
     plateau: float = PLATEAU  #: seconds the cubic stays near the peak: longer after a pause
     steady_cuts: int = 0  #: cuts in a row at about the same peak
     fast: bool = False  #: the first cut's guess stands: the rate grows by FAST_GROWTH an answer
+    lower: bool = False  #: the peak is a lower bound: the rate climbs by LOWER_CLIMB of it a second
+    windowed: bool = False  #: the host's limit is a window: a late slot is made up (see WINDOW_MARGIN)
 
     def grow(self, since_cut: float) -> None:
         """An answer that was not a throttle, `since_cut` seconds after the last cut."""
         if self.rate and self.fast:
             self.rate += FAST_GROWTH
+        elif self.rate and self.lower:
+            self.rate = max(self.rate, self.peak * (1.0 + LOWER_CLIMB * since_cut))
         elif self.rate:
             self.rate = max(self.rate, self.peak * cubic_pace(since_cut, self.plateau))
 
-    def cut(self, answers: int, refused: int, span: float, guess: bool, cost: float, whole: bool = False) -> None:
+    def cut(self, answers: int, refused: int, span: float, guess: bool, cost: float,
+            whole: bool = False, lower: bool = False) -> None:
         """What the host took (see pace_taken): `answers` and `refused` over
         `span` seconds, a guess or not; a probe past it costs `cost` s of
-        pause; `whole`: a window measured from one opening to the next."""
+        pause; `whole`: a window measured from one opening to the next;
+        `lower`: measured up to a pause's end, a lower bound (see WINDOW_MARGIN)."""
         previous = self.peak
         if self.rate is None:
             self.peak, self.fast = max(answers, 1) / max(GUESS_SPAN, span), guess
@@ -1141,7 +1167,12 @@ class Pace:
             else:  # the pace it was sent: the refused requests' slots are jitter, not a lower limit
                 self.peak = (answers + refused) / max(span, (answers + refused) / self.rate)
             self.fast = self.fast and guess and took_all
-        self.rate = max(MIN_RATE, CUT_FACTOR * self.peak)
+        tripped = cost > 0 and not whole  # the pace sent tripped a window: over its allowance
+        if tripped:
+            self.peak *= 1.0 - WINDOW_MARGIN
+        share = 1.0 - WINDOW_MARGIN if tripped else 1.0 if lower else CUT_FACTOR
+        self.rate = max(MIN_RATE, share * self.peak)
+        self.lower, self.windowed = lower, self.windowed or lower or cost > 0
         steady = self.steady(previous)  # a steady limit whose probe costs a pause is probed less and less often
         self.plateau = (PLATEAU + cost / PROBE_SHARE) * (2 ** steady if cost else 1)
 
@@ -1292,7 +1323,9 @@ class Host:
         self.quota.sent_in_window += 1
         self.probing = self.down_since is not None
         if self.pace.rate:
-            self.next_slot = max(self.next_slot, now) + 1.0 / self.pace.rate
+            slot = 1.0 / self.pace.rate
+            made_up = self.pace.windowed and now - slot <= self.next_slot < now  # see WINDOW_MARGIN
+            self.next_slot = (self.next_slot if made_up else max(self.next_slot, now)) + slot
 
     def answered(self, now: float, kind: Answer) -> None:
         """Count one answer (see Answer) in the last second."""
@@ -1388,7 +1421,9 @@ class Host:
         spell = None if wait is not None else self.quota.after_short_spell(before, now)
         taken = spell or pace_taken(self, now, before, wait)
         self.limit = max(1.0, self.limit / 2)
-        self.pace.cut(*taken, whole=spell is not None)
+        # a short window measured up to its pause's end (no pause to weigh): a lower bound
+        lower = spell is None and wait is not None and 0 < wait <= SHORT_PAUSE and taken[4] == 0
+        self.pace.cut(*taken, whole=spell is not None, lower=lower)
         self.next_slot = max(self.next_slot, now + 1.0 / self.pace.rate)  # the next request one slot after the throttle
 
 

@@ -2203,7 +2203,8 @@ def test_a_pause_inside_the_second_marks_a_quota_window_for_the_cut():
     for t in (1.2, 1.205, 1.21, 1.215):
         host.start(t)
         host.throttled(t + 0.001, t, 2.0 - (t + 0.001), 60.0)  # "come back at 2.0": the window was [1.0, 2.0)
-    assert host.pace.peak == pytest.approx(10.0) and host.pace.rate == pytest.approx(9.0)
+    assert host.pace.peak == pytest.approx(10.0) and host.pace.rate == pytest.approx(10.0)  # a lower bound: kept
+    assert host.pace.lower and host.pace.windowed
 
 
 def test_a_short_retry_after_makes_a_burst_and_its_pause_one_window():
@@ -2213,7 +2214,8 @@ def test_a_short_retry_after_makes_a_burst_and_its_pause_one_window():
         host.start(t - 0.001)
         host.throttled(t, t - 0.001, 1.0, 60.0)
     assert host.pace.peak == pytest.approx(10 / 1.103)  # 10 answers from the first one to the pause's end
-    assert host.pace.rate == pytest.approx(0.9 * 10 / 1.103) and not host.pace.fast  # a whole window: no guess
+    # the pause may overstate what was left of the window: a lower bound, the rate starts at it, no guess
+    assert host.pace.rate == pytest.approx(10 / 1.103) and host.pace.lower and not host.pace.fast
     assert host.pace.plateau == redrive.PLATEAU  # the burst's pace was not held: no cost to weigh
 
 
@@ -2228,7 +2230,9 @@ def test_a_pace_held_past_a_short_window_waits_longer_to_probe_and_longer_still_
         host.start(second)
         assert host.throttled(second, second, 1.0, 60.0)  # a third 429 from a host that limits: the host's
         plateaus.append(host.pace.plateau)
-    assert host.pace.peak == pytest.approx(100.0)
+    # the pace sent, 100 a second, tripped the window: the anchor is below it, the rate below that
+    assert host.pace.peak == pytest.approx(97.0) and host.pace.rate == pytest.approx(97.0 * 0.97)
+    assert not host.pace.lower and host.pace.windowed
     cost = redrive.PLATEAU + 1.0 / redrive.PROBE_SHARE  # each probe past the limit cost a one-second pause
     assert plateaus == [cost, cost * 2, cost * 4, cost * 8, cost * 8]  # the same peak each time: probed ever less
 
@@ -2402,6 +2406,43 @@ def test_paced_host_spaces_its_requests():
     assert host.opens_at(10.0) == 10.5
     host.start(10.5)
     assert host.opens_at(10.6) == 11.0
+    host.start(11.2)  # the run loop came 0.2 s late: a leaky bucket counts gaps, so the slot is lost
+    assert host.opens_at(11.2) == pytest.approx(11.7)
+
+
+def test_a_host_limited_by_a_window_gets_a_late_slot_made_up_but_never_more_than_one():
+    host = redrive.Host(limit=8.0, cap=8, pace=redrive.Pace(rate=2.0, windowed=True))
+    host.start(10.0)
+    host.start(10.6)  # 0.1 s late: the schedule keeps its grid, the next slot is 11.0, not 11.1
+    assert host.opens_at(10.6) == pytest.approx(11.0)
+    host.start(11.0)
+    host.start(12.2)  # 0.7 s late, over a slot: no catching up with a burst, the grid starts again
+    assert host.opens_at(12.2) == pytest.approx(12.7)
+
+
+def test_a_lower_bound_climbs_in_a_straight_line_and_a_tripped_window_is_not_climbed_back_to():
+    host = redrive.Host(limit=8.0, cap=8, slow_start=True)
+    answers(host, [n / 100 for n in range(10)])  # a burst of 10, then "come back in a second"
+    for t in (0.1, 0.101, 0.102, 0.103):
+        host.start(t - 0.001)
+        host.throttled(t, t - 0.001, 1.0, 60.0)
+    peak = 10 / 1.103
+    climb = []
+    for t in (0.103, 1.103, 4.103, 10.103):  # seconds after the cut, at the fourth refusal
+        host.succeeded(t, host.cap)
+        climb.append(host.pace.rate / peak)
+    assert climb == pytest.approx([1.0, 1.05, 1.2, 1.5])  # LOWER_CLIMB of the lower bound a second
+    answers(host, [11.2 + n / 30 for n in range(30)])  # a whole second of answers at the rate climbed to
+    sent = host.pace.rate
+    assert sent == pytest.approx(peak * (1 + 0.05 * (11.2 + 29 / 30 - 0.103)))
+    host.start(12.2)
+    assert host.throttled(12.2, 12.2, 1.0, 60.0)  # tripped: "come back in a second"
+    assert host.pace.peak == pytest.approx(0.97 * sent) and not host.pace.lower
+    rates = [host.pace.rate]
+    for t in (15.0, 25.0, 35.0):  # the cubic climbs towards the anchor, 3% under the pace that tripped
+        host.pace.grow(t - 12.2)
+        rates.append(host.pace.rate)
+    assert rates[0] == pytest.approx(0.97 * 0.97 * sent) and rates[-1] < 0.975 * sent
 
 
 def test_shards_split_the_ids_with_no_overlap(server, tmp_path):
