@@ -168,12 +168,13 @@ LOG_INTERVAL = 30.0
 
 #: Requests a new host gets in flight at first; each success adds
 #: SLOW_START_STEP (half as many again every round trip: 32 in flight after
-#: 6 round trips) until its first throttle, and each throttle before it takes
+#: 7 round trips) until its first throttle, and each throttle before it takes
 #: one away (the refused request's slot is not filled again). All that is
 #: in flight when a limit runs out is refused: so a low rate limit is found
 #: with a handful of 429s, not --concurrency of them. (Doubling every round
-#: trip cost nginx's 10 r/s, burst 5 limit 13 refusals in its first 13 ms.)
-START_LIMIT = 4
+#: trip cost nginx's 10 r/s, burst 5 limit 13 refusals in its first 13 ms;
+#: starting from 4, 7; from 2, 5.)
+START_LIMIT = 2
 SLOW_START_STEP = 0.5
 
 #: Statuses that say "too fast". One is the host's (its rate limit), not one
@@ -226,7 +227,10 @@ FAST_GROWTH = 2.0
 #: each time the pace goes past the limit: after a pace held for a whole
 #: second, the cubic's plateau grows by the pause over PROBE_SHARE, so that
 #: such probes take that share of the run at most (a one-second pause: 24 s,
-#: where 8 s probed a per-second window three times in 30 s). It doubles
+#: where 8 s probed a per-second window three times in 30 s). Whatever the
+#: probe costs, the plateau holds for PROBE_REQUESTS requests at least: a
+#: probe costs a refusal or two, so probes are 1% of the requests at most
+#: (a slow limit, 10 r/s, is probed every 20 s, not every 8 s). It doubles
 #: too for each cut in a row (STEADY_MAX at most) at a pace within STEADY_BAND
 #: of the last one: a steady limit is probed less and less often. A probe
 #: that costs no pause (a leaky bucket's refusal, retried at the next slot)
@@ -246,6 +250,7 @@ WINDOW_FRESH = 1.5
 STEADY_BAND = 0.05
 STEADY_MAX = 3
 PROBE_SHARE = 0.05
+PROBE_REQUESTS = 200
 MIN_RATE = 0.5
 
 #: A window (so many requests a second) refuses once the pace sent is past
@@ -1174,7 +1179,7 @@ class Pace:
         self.rate = max(MIN_RATE, share * self.peak)
         self.lower, self.windowed = lower, self.windowed or lower or cost > 0
         steady = self.steady(previous)  # a steady limit whose probe costs a pause is probed less and less often
-        self.plateau = (PLATEAU + cost / PROBE_SHARE) * (2 ** steady if cost else 1)
+        self.plateau = max(PROBE_REQUESTS / self.peak, (PLATEAU + cost / PROBE_SHARE) * (2 ** steady if cost else 1))
 
     def steady(self, previous: Optional[float]) -> int:
         """Cuts in a row at a peak within STEADY_BAND of the one before (STEADY_MAX at most)."""

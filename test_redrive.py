@@ -2216,7 +2216,8 @@ def test_a_short_retry_after_makes_a_burst_and_its_pause_one_window():
     assert host.pace.peak == pytest.approx(10 / 1.103)  # 10 answers from the first one to the pause's end
     # the pause may overstate what was left of the window: a lower bound, the rate starts at it, no guess
     assert host.pace.rate == pytest.approx(10 / 1.103) and host.pace.lower and not host.pace.fast
-    assert host.pace.plateau == redrive.PLATEAU  # the burst's pace was not held: no cost to weigh
+    # the burst's pace was not held, no pause to weigh: probed again after PROBE_REQUESTS at the pace measured
+    assert host.pace.plateau == pytest.approx(redrive.PROBE_REQUESTS / (10 / 1.103)) and redrive.PROBE_REQUESTS == 200
 
 
 def test_a_pace_held_past_a_short_window_waits_longer_to_probe_and_longer_still_when_steady():
@@ -2250,6 +2251,16 @@ def test_a_steady_limit_whose_probes_cost_no_pause_keeps_a_short_plateau():
         plateaus.append((round(host.pace.peak, 3), host.pace.plateau, host.pace.steady_cuts))
     # the same peak each time, a steady limit; but a probe cost only its refusals: found again within 12 s
     assert plateaus == [(50.0, redrive.PLATEAU, 1), (50.0, redrive.PLATEAU, 2), (50.0, redrive.PLATEAU, 3)]
+
+
+def test_a_slow_limit_is_probed_after_a_number_of_requests_not_of_seconds():
+    host = paced_host(rate=10.0)  # 10 r/s accepted for the last second: nginx's limit_req at 10 r/s
+    refusals(host, [1.99])
+    host.start(2.0)
+    assert host.throttled(2.0, 2.0, None, 60.0)
+    # a probe costs a refusal or two: after 200 requests at 10 r/s, 20 s, not PLATEAU's 4 s
+    assert host.pace.peak == pytest.approx(10.0) and host.pace.plateau == pytest.approx(20.0)
+    assert host.pace.peak * redrive.cubic_pace(8.0, host.pace.plateau) < 10.0  # no probe 8 s on, as before
 
 
 def test_a_host_is_down_after_requests_in_a_row_never_reach_it_and_probed_one_at_a_time():
