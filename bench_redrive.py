@@ -175,9 +175,13 @@ class Limiter:
     start = None
 
     def refuse(self, now):
+        """None (go on) or a 429's Retry-After ("" for none); the times of the 429s are kept."""
         if self.start is None:
-            self.start = now
-        return self.check(now - self.start)
+            self.start, self.refused = now, []
+        answer = self.check(now - self.start)
+        if answer is not None:
+            self.refused.append(now - self.start)
+        return answer
 
 
 class FixedWindow(Limiter):
@@ -255,8 +259,9 @@ class BenchServer(ThreadingHTTPServer):
     def stats(self):
         with self.lock:
             start = self.limit.start if isinstance(self.limit, Limiter) else 0.0
+            refused = getattr(self.limit, "refused", [])
             return {"hits": dict(self.hits), "statuses": dict(self.statuses), "wasted": self.wasted,
-                    "times": self.times, "accepted": [t - start for t in self.accepted]}
+                    "times": self.times, "accepted": [t - start for t in self.accepted], "refused": refused}
 
 
 def serve(port_queue, latency, faults, limit):
@@ -590,8 +595,10 @@ def window_row(folder, size, seconds, retry_after, count, opt, given=None):
              f"{'Retry-After' if retry_after else 'no Retry-After'}, {count} ids"
              f"{shown} (exit {run.code})")
     ratio = f" = {run.wall / ideal:.2f} x {ideal:g} s (target <= 1.15)" if ideal else " (no window to wait: N <= allowance)"
+    first = sum(t < seconds for t in stats["refused"])  # the first window's end: all that was in flight
     return label, (f"wall {run.wall:.1f} s{ratio}, "
-                   f"429s {throttled} = {throttled / max(sent, 1):.1%} of {sent} requests (target <= 3%), "
+                   f"429s {throttled} = {throttled / max(sent, 1):.1%} of {sent} requests (target <= 3%; "
+                   f"{first} in the first window, {throttled - first} after), "
                    f"peak {run.rss:.0f} MB")
 
 
@@ -744,14 +751,18 @@ def nginx_row(binary, folder, rate, burst, nodelay, count, opt, given=None):
     finally:
         server.terminate()
         server.wait()
-    statuses = Counter(line.split()[-1] for line in (run_dir / "access.log").read_text().splitlines())
+    log = [line.split() for line in (run_dir / "access.log").read_text().splitlines()]
+    statuses = Counter(row[-1] for row in log)
     sent, throttled = sum(statuses.values()), statuses["429"]
+    started = min((float(row[0]) for row in log), default=0.0)
+    early = sum(row[-1] == "429" and float(row[0]) < started + 1.0 for row in log)  # finding the limit
     ideal = (count - burst) / rate
     label = (f"{rate} r/s, burst {burst}{' nodelay' if nodelay else ''}, {count} ids"
              f"{shown} (exit {run.code})")
     show_error(run)
     return label, (f"wall {run.wall:.1f} s = {run.wall / ideal:.2f} x (N - burst) / rate (target <= 1.15), "
-                   f"429s {throttled} = {throttled / max(sent, 1):.1%} of {sent} requests (target <= 3%), "
+                   f"429s {throttled} = {throttled / max(sent, 1):.1%} of {sent} requests (target <= 3%; "
+                   f"{early} in the first second, {throttled - early} after), "
                    f"CPU {run.cpu / max(sent, 1) * 1e6:.0f} us/request, peak {run.rss:.0f} MB")
 
 
