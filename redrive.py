@@ -1426,8 +1426,8 @@ class Host:
         spell = None if wait is not None else self.quota.after_short_spell(before, now)
         taken = spell or pace_taken(self, now, before, wait)
         self.limit = max(1.0, self.limit / 2)
-        # a short window measured up to its pause's end (no pause to weigh): a lower bound
-        lower = spell is None and wait is not None and 0 < wait <= SHORT_PAUSE and taken[4] == 0
+        # the first window, a burst measured up to its pause's end (no pause to weigh): a lower bound
+        lower = self.pace.rate is None and spell is None and wait is not None and 0 < wait <= SHORT_PAUSE and taken[4] == 0
         self.pace.cut(*taken, whole=spell is not None, lower=lower)
         self.next_slot = max(self.next_slot, now + 1.0 / self.pace.rate)  # the next request one slot after the throttle
 

@@ -2207,6 +2207,17 @@ def test_a_pause_inside_the_second_marks_a_quota_window_for_the_cut():
     assert host.pace.lower and host.pace.windowed
 
 
+def test_only_a_first_window_is_a_lower_bound_later_ones_measured_to_their_pause_are_cut_as_before():
+    host = redrive.Host(limit=8.0, cap=8, reacted_at=0.5, slow_start=False, pace=redrive.Pace(rate=110.0, peak=100.0))
+    host.first_answer, host.window_start = 0.0, 1.0  # the last pause ended at 1.0, the start of a clock second
+    answers(host, [1.0 + n / 110 for n in range(100)])  # 100 in the window, sent at 110 a second
+    host.start(1.91)
+    assert host.throttled(1.911, 1.91, 2.0 - 1.911, 60.0)  # an exact Retry-After: "come back at 2.0"
+    # the window [1.0, 2.0) measured whole, 101 sent in it: an exact measure, not a lower bound, cut by a tenth
+    assert host.pace.peak == pytest.approx(101 / (2.0 - 1.0), rel=0.01) and not host.pace.lower
+    assert host.pace.rate == pytest.approx(0.9 * host.pace.peak)
+
+
 def test_a_short_retry_after_makes_a_burst_and_its_pause_one_window():
     host = redrive.Host(limit=8.0, cap=8, slow_start=True)
     answers(host, [n / 100 for n in range(10)])  # the allowance, 10, in a burst
