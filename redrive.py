@@ -230,9 +230,10 @@ FAST_GROWTH = 2.0
 #: second, the cubic's plateau grows by the pause over PROBE_SHARE, so that
 #: such probes take that share of the run at most (a one-second pause: 24 s,
 #: where 8 s probed a per-second window three times in 30 s). Whatever the
-#: probe costs, the plateau holds for PROBE_REQUESTS requests at least: a
-#: probe costs a refusal or two, so probes are 1% of the requests at most
-#: (a slow limit, 10 r/s, is probed every 20 s, not every 8 s). It doubles
+#: probe costs, the plateau holds for PROBE_REQUESTS requests at least (up
+#: to PLATEAU x 2 ** STEADY_MAX, 32 s): a probe costs a refusal or two, so
+#: probes are 1% of the requests at most (a slow limit, 10 r/s, is probed
+#: every 20 s, not every 8 s), and a limit that came back is still found. It doubles
 #: too for each cut in a row (STEADY_MAX at most) at a pace within STEADY_BAND
 #: of the last one: a steady limit is probed less and less often. A probe
 #: that costs no pause (a leaky bucket's refusal, retried at the next slot)
@@ -262,9 +263,10 @@ MIN_RATE = 0.5
 #: the anchor, not at CUT_FACTOR of it: the pause has drained what the pace
 #: ran over. (Anchored at the pace itself, the cubic went back over a
 #: per-second window within its plateau: a second probe, a second pause.)
-#: The first window measured whole, from its first answer to the end of
+#: A new host's first window, measured from its first answer to the end of
 #: the pause it ended with, is a lower bound: a Retry-After in whole seconds
-#: overstates what was left of the window. The rate starts at it and climbs
+#: overstates what was left of the window (later windows measured so are
+#: exact with an exact Retry-After, and are cut as any). The rate starts at it and climbs
 #: by LOWER_CLIMB of it a second, in a straight line, until the next cut:
 #: the cubic's plateau would hold it there for nothing, and its steep climb
 #: past the plateau overshot the window by 10% before the window's
@@ -1181,7 +1183,8 @@ class Pace:
         self.rate = max(MIN_RATE, share * self.peak)
         self.lower, self.windowed = lower, self.windowed or lower or cost > 0
         steady = self.steady(previous)  # a steady limit whose probe costs a pause is probed less and less often
-        self.plateau = max(PROBE_REQUESTS / self.peak, (PLATEAU + cost / PROBE_SHARE) * (2 ** steady if cost else 1))
+        requests = min(PROBE_REQUESTS / self.peak, PLATEAU * 2 ** STEADY_MAX)  # see PROBE_REQUESTS
+        self.plateau = max(requests, (PLATEAU + cost / PROBE_SHARE) * (2 ** steady if cost else 1))
 
     def steady(self, previous: Optional[float]) -> int:
         """Cuts in a row at a peak within STEADY_BAND of the one before (STEADY_MAX at most)."""
@@ -1428,8 +1431,8 @@ class Host:
         spell = None if wait is not None else self.quota.after_short_spell(before, now)
         taken = spell or pace_taken(self, now, before, wait)
         self.limit = max(1.0, self.limit / 2)
-        # the first window, a burst measured up to its pause's end (no pause to weigh): a lower bound
-        lower = self.pace.rate is None and spell is None and wait is not None and 0 < wait <= SHORT_PAUSE and taken[4] == 0
+        # a new host's first short window, measured up to its pause's end (so no pause to weigh): a lower bound
+        lower = self.pace.rate is None and wait is not None and 0 < wait <= SHORT_PAUSE and not taken[4]
         self.pace.cut(*taken, whole=spell is not None, lower=lower)
         self.next_slot = max(self.next_slot, now + 1.0 / self.pace.rate)  # the next request one slot after the throttle
 

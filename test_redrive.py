@@ -2272,6 +2272,10 @@ def test_a_slow_limit_is_probed_after_a_number_of_requests_not_of_seconds():
     # a probe costs a refusal or two: after 200 requests at 10 r/s, 20 s, not PLATEAU's 4 s
     assert host.pace.peak == pytest.approx(10.0) and host.pace.plateau == pytest.approx(20.0)
     assert host.pace.peak * redrive.cubic_pace(8.0, host.pace.plateau) < 10.0  # no probe 8 s on, as before
+    slow = paced_host(rate=2.0)  # 2 r/s: 200 requests would be 100 s; a limit that came back is found in time
+    refusals(slow, [1.99])
+    slow.start(2.0)
+    assert slow.throttled(2.0, 2.0, None, 60.0) and slow.pace.plateau == redrive.PLATEAU * 8
 
 
 def test_a_host_is_down_after_requests_in_a_row_never_reach_it_and_probed_one_at_a_time():
