@@ -242,13 +242,16 @@ FAST_GROWTH = 2.0
 #: halved limit for 41 s after it returned). With no
 #: Retry-After, a spell of refusing everything (SHORT_PAUSE seconds or less)
 #: ends such a window: the allowance is what the host took from the end of
-#: one spell to the end of the next, over the time between them, when the
-#: spell is SPELL_SHARE of that time or more (a window's burst is quick),
-#: and only for a throttle within WINDOW_FRESH windows of the last opening:
-#: one that comes after many windows taken whole is a pace grown past the
-#: allowance, measured as any other.
+#: one spell (or its first answer) to the end of the next, over the time
+#: between them, when the spell is SPELL_SHARE of that time or more (a
+#: leaky bucket's refusals between probes are shorter). The pace is set as
+#: the spell ends, so the next window is sent at it (set at the next
+#: throttle, the first three windows of 100 a second cost 94 refusals; so,
+#: 44), and again at a throttle within WINDOW_FRESH windows of the last
+#: opening: one that comes after many windows taken whole is a pace grown
+#: past the allowance, measured as any other.
 SHORT_PAUSE = 2.0
-SPELL_SHARE = 0.5
+SPELL_SHARE = 0.25
 WINDOW_FRESH = 1.5
 STEADY_BAND = 0.05
 STEADY_MAX = 3
@@ -1165,7 +1168,8 @@ class Pace:
         if self.rate is None:
             self.peak, self.fast = max(answers, 1) / max(GUESS_SPAN, span), guess
         else:
-            accepted = answers / max(span, answers / self.rate)  # never more than was sent
+            # never more than was sent; a window's answers over the time between its openings are its allowance
+            accepted = answers / (span if whole else max(span, answers / self.rate))
             took_all = refused <= THROTTLE_SHARE * answers  # the pace was about right, just over the limit
             if guess:
                 accepted = max(accepted, self.rate * guess_floor(span))
@@ -1266,17 +1270,24 @@ class Quota:
         takes between them, not over them."""
         if len(self.spells) < 2:
             return None
-        (_, opened, first), (began, ended, last) = self.spells
-        if ended <= before or ended - began > SHORT_PAUSE or ended - opened > 2 * SHORT_PAUSE:
+        (_, opened, _), (_, ended, _) = self.spells
+        if ended <= before or now - ended > WINDOW_FRESH * (ended - opened):
             return None
-        if now - ended > WINDOW_FRESH * (ended - opened):
+        return self.closed_window(opened)
+
+    def closed_window(self, first_answer: float) -> Optional[tuple]:
+        """The short quota window the last spell of refusals ended, as
+        pace_taken gives it: what the host took from the window's opening
+        (the end of the spell before, or its first answer) to the end of
+        this spell, over the time between them. None when so few answers
+        are a guess, or when the spell is not a window's (see after_short_spell)."""
+        began, ended, last = self.spells[-1]
+        opened, first = self.spells[0][1:] if len(self.spells) > 1 else (first_answer, 0)
+        if ended - began > SHORT_PAUSE or ended - opened > 2 * SHORT_PAUSE:
             return None
-        if ended - began < SPELL_SHARE * (ended - opened):
+        if ended - began < SPELL_SHARE * (ended - opened) or last - first < PACE_ANSWERS:
             return None
-        answers = last - first
-        if answers < PACE_ANSWERS:
-            return None
-        return answers, 0, ended - opened, False, ended - began
+        return last - first, 0, ended - opened, False, ended - began
 
     def starved_for(self, now: float) -> float:
         """Seconds the host has refused everything sent after a reaction (0: it has not)."""
@@ -1383,9 +1394,14 @@ class Host:
 
     def succeeded(self, now: float, ceiling: int) -> None:
         """Any answer but a throttle: the host keeps up, so the pace may grow."""
+        spell = self.quota.starved_since is not None
         self.answered(now, Answer.OK)
         self.limit = min(ceiling, self.limit + (SLOW_START_STEP if self.slow_start else 1.0 / self.limit))
-        self.pace.grow(now - self.reacted_at)
+        window = spell and self.window_start == float("-inf") and self.quota.closed_window(self.first_answer)
+        if window:  # a short window with no Retry-After ended: the next is sent at its pace (see SHORT_PAUSE)
+            self.pace.cut(*window, whole=True)
+        else:
+            self.pace.grow(now - self.reacted_at)
 
     def throttled(self, now: float, sent: float, wait: Optional[float], cap: float, status: int = 429) -> bool:
         """A 429 or 503 of a request sent at `sent`, asking to wait `wait`

@@ -2110,9 +2110,36 @@ def test_a_short_window_with_no_retry_after_is_measured_from_one_opening_to_the_
     assert not host.pace.fast
 
 
+def test_a_short_window_with_no_retry_after_sets_the_pace_as_soon_as_the_next_one_opens():
+    host = redrive.Host(limit=8.0, cap=8)
+    spend_window(host, 0.0, 50)  # the run's first window: 50 taken, then refused until 1.02
+    assert host.pace.rate > 50  # so far a guess from the burst's own pace
+    host.start(1.02)
+    host.succeeded(1.03, 8)  # the probe finds the next window open
+    # the window just closed took 50 from the first answer to this one: the next is sent at that pace
+    assert host.pace.peak == pytest.approx(50 / 1.03) and host.pace.rate == pytest.approx(0.9 * 50 / 1.03)
+
+
+def test_a_host_that_sends_a_retry_after_is_not_measured_by_its_spells():
+    host = redrive.Host(limit=8.0, cap=8)
+    answers(host, [n / 1000 for n in range(50)])
+    for t in (0.06, 0.061, 0.062, 0.063):  # a Retry-After: the window's end is known, not guessed from spells
+        host.throttled(t, 0.05, 1.0, 60.0)
+    peak = host.pace.peak
+    for t in (1.08, 1.081):  # then plain 429s: refused since the pause
+        host.start(1.07)
+        host.throttled(t, 1.07, None, 60.0)
+    host.start(1.6)
+    host.succeeded(1.61, 8)
+    assert host.quota.closed_window(host.first_answer) is not None  # the spell looks like a window's end...
+    assert host.pace.peak == peak  # ...but the pace stays what the Retry-After measured
+
+
 @pytest.mark.parametrize("began, taken", [
     (1.1, (45, 0, 1.0, False, 0.9)),  # refused for 0.9 s of the 1 s between openings: a window, burst then spell
+    (1.7, (45, 0, 1.0, False, 0.3)),  # 0.3 s of it: a window sent at a pace that took its allowance in 0.7 s
     (1.9, None),  # refused for 0.1 s of it: a leaky bucket's probe pause, its pace is not measured over it
+    (1.8, None),  # 0.2 s: still a probe's pause or two
 ])
 def test_only_a_spell_that_fills_most_of_the_cycle_measures_a_window(began, taken):
     quota = redrive.Quota()
