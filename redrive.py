@@ -203,7 +203,10 @@ PACED_SHARE = 0.05
 #: concurrency halves. When the host refused THROTTLE_SHARE of that pace or
 #: less, the pace it was sent counts, refusals included: a limit with no
 #: slack (nginx's limit_req with no burst) refuses a request that jitter
-#: brought a few ms early, and the slot it lost is not a lower limit. The
+#: brought a few ms early, and the slot it lost is not a lower limit. Such a
+#: cut, with no Retry-After and no pause, takes the rate to JITTER_CUT of that pace, not
+#: CUT_FACTOR: the pace was about right (at CUT_FACTOR, nginx's 100 r/s with
+#: no burst was sent 85 to 89 a second between cuts). The
 #: rate then climbs back along a cubic: near that pace for about PLATEAU
 #: seconds (the limit is probed gently, not hit again at once), then faster
 #: and faster (the limit has moved): 1.1 times it after 2 x PLATEAU, 1.8
@@ -213,8 +216,12 @@ PACED_SHARE = 0.05
 #: than GUESS_SPAN: see guess_floor), and one that took it all, the rate it
 #: was sent (the guess is near). The very first cut is a guess that grows by
 #: FAST_GROWTH req/s per answer (doubling in a third of a second) until a cut
-#: where the host refused part of the pace.
+#: where the host refused part of the pace. That guess is the burst's answers
+#: over GUESS_SPAN; when the host took one of them or none, all it was sent:
+#: a limit with no burst refuses all but one of a burst whatever its rate
+#: (from one answer, 4 r/s, nginx's 100 r/s with no burst was reached 1.6 s in).
 CUT_FACTOR = 0.9
+JITTER_CUT = 0.95
 PLATEAU = 4.0
 GUESS_SPAN = 0.25
 PACE_ANSWERS = 20
@@ -1159,14 +1166,16 @@ class Pace:
             self.rate = max(self.rate, self.peak * cubic_pace(since_cut, self.plateau))
 
     def cut(self, answers: int, refused: int, span: float, guess: bool, cost: float,
-            whole: bool = False, lower: bool = False) -> None:
+            whole: bool = False, lower: bool = False, plain: bool = False) -> None:
         """What the host took (see pace_taken): `answers` and `refused` over
         `span` seconds, a guess or not; a probe past it costs `cost` s of
         pause; `whole`: a window measured from one opening to the next;
-        `lower`: measured up to a pause's end, a lower bound (see WINDOW_MARGIN)."""
-        previous = self.peak
-        if self.rate is None:
-            self.peak, self.fast = max(answers, 1) / max(GUESS_SPAN, span), guess
+        `lower`: measured up to a pause's end, a lower bound (see WINDOW_MARGIN);
+        `plain`: the throttle came with no Retry-After (see JITTER_CUT)."""
+        previous, jitter = self.peak, False
+        if self.rate is None:  # a burst's own pace: a guess (see FAST_GROWTH)
+            took = answers + refused if answers <= 1 else answers
+            self.peak, self.fast = max(took, 1) / max(GUESS_SPAN, span), guess
         else:
             # never more than was sent; a window's answers over the time between its openings are its allowance
             accepted = answers / (span if whole else max(span, answers / self.rate))
@@ -1179,11 +1188,12 @@ class Pace:
                 self.peak = self.rate
             else:  # the pace it was sent: the refused requests' slots are jitter, not a lower limit
                 self.peak = (answers + refused) / max(span, (answers + refused) / self.rate)
+                jitter = plain and cost == 0  # and it cost no pause: see JITTER_CUT
             self.fast = self.fast and guess and took_all
         tripped = cost > 0 and not whole  # the pace sent tripped a window: over its allowance
         if tripped:
             self.peak *= 1.0 - WINDOW_MARGIN
-        share = 1.0 - WINDOW_MARGIN if tripped else 1.0 if lower else CUT_FACTOR
+        share = 1.0 - WINDOW_MARGIN if tripped else 1.0 if lower else JITTER_CUT if jitter else CUT_FACTOR
         self.rate = max(MIN_RATE, share * self.peak)
         self.lower, self.windowed = lower, self.windowed or lower or cost > 0
         steady = self.steady(previous)  # a steady limit whose probe costs a pause is probed less and less often
@@ -1449,7 +1459,7 @@ class Host:
         self.limit = max(1.0, self.limit / 2)
         # a new host's first short window, measured up to its pause's end (so no pause to weigh): a lower bound
         lower = self.pace.rate is None and wait is not None and 0 < wait <= SHORT_PAUSE and not taken[4]
-        self.pace.cut(*taken, whole=spell is not None, lower=lower)
+        self.pace.cut(*taken, whole=spell is not None, lower=lower, plain=wait is None)
         self.next_slot = max(self.next_slot, now + 1.0 / self.pace.rate)  # the next request one slot after the throttle
 
 
