@@ -2007,6 +2007,21 @@ def test_the_cut_is_below_what_the_host_accepted_when_it_refused_more():
     assert host.limit == 4.0  # refusals among what was in flight: half the concurrency
 
 
+def test_a_few_refusals_in_the_cuts_short_sample_are_jitter_when_the_last_second_was_calm():
+    # sent at 100 r/s for the last second; a limit with no slack refused 3 of it, 2 in the last quarter second
+    host = redrive.Host(limit=8.0, cap=8, reacted_at=-2.0, pace=redrive.Pace(rate=100.0, peak=100.0))
+    host.first_answer = 0.0
+    sent = [round(1.0 + k / 100, 2) for k in range(100)]
+    refused = {1.3, 1.8, 1.88}
+    for t in sent:
+        (refusals if t in refused else answers)(host, [t])
+    host.start(2.0)
+    assert host.throttled(2.0, 2.0, None, 60.0)
+    # the cut's sample, from 1.75 s: 23 answers and 3 refusals, over a tenth; the last second: 4 of 101, under
+    # it. The pace sent counts (100 r/s), not the pace accepted (92 r/s, cut to 83)
+    assert host.pace.peak == pytest.approx(100.0) and host.pace.rate == pytest.approx(redrive.JITTER_CUT * 100.0)
+
+
 def test_a_cut_where_the_host_refused_a_tenth_or_less_is_below_the_pace_sent_not_the_pace_accepted():
     # sent at 55 r/s for the last second; a limit with no slack refused the one at 1.8 s (jitter)
     host = redrive.Host(limit=8.0, cap=8, reacted_at=-2.0, pace=redrive.Pace(rate=55.0, peak=55.0))
