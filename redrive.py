@@ -256,8 +256,9 @@ FAST_GROWTH = 2.0
 #: between them, when the spell is SPELL_SHARE of that time or more (a
 #: leaky bucket's refusals between probes are shorter). The pace is set as
 #: the spell ends, so the next window is sent at it (set at the next
-#: throttle, the first three windows of 100 a second cost 94 refusals; so,
-#: 44), and again at a throttle within WINDOW_FRESH windows of the last
+#: window's throttle instead, the first three windows of 100 a second cost
+#: 94 refusals; now the first one's 44 are nearly all), and again at a
+#: throttle within WINDOW_FRESH windows of the last
 #: opening: one that comes after many windows taken whole is a pace grown
 #: past the allowance, measured as any other.
 SHORT_PAUSE = 2.0
@@ -1411,7 +1412,8 @@ class Host:
         spell = self.quota.starved_since is not None
         self.answered(now, Answer.OK)
         self.limit = min(ceiling, self.limit + (SLOW_START_STEP if self.slow_start else 1.0 / self.limit))
-        window = spell and self.window_start == float("-inf") and self.quota.closed_window(self.first_answer)
+        never_paused = self.window_start == float("-inf")  # a host that sends a Retry-After is measured by it
+        window = spell and never_paused and self.quota.closed_window(self.first_answer)
         if window:  # a short window with no Retry-After ended: the next is sent at its pace (see SHORT_PAUSE)
             self.pace.cut(*window, whole=True)
         else:
