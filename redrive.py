@@ -1193,7 +1193,7 @@ class Pace:
                 self.peak = self.rate
             else:  # the pace it was sent: the refused requests' slots are jitter, not a lower limit
                 self.peak = (answers + refused) / max(span, (answers + refused) / self.rate)
-                jitter = plain and cost == 0  # and it cost no pause: see JITTER_CUT
+                jitter = plain  # no Retry-After, so no pause either: see JITTER_CUT
             self.fast = self.fast and guess and took_all
         tripped = cost > 0 and not whole  # the pace sent tripped a window: over its allowance
         if tripped:
