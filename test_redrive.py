@@ -1615,6 +1615,37 @@ def test_fsync_mode_fsyncs_every_line_before_the_next_step(server, tmp_path):
     code, _, fake = crawl(server, tmp_path, ids)  # without it: batched, not one per line (40 lines)
     assert code == ExitCode.OK and state(tmp_path, "done.txt") == ["a", "b", *ids]
     assert 1 <= len(fake.fsyncs) <= 4 and set(fake.fsyncs) <= {"results.jsonl", "done.txt"}
+    assert fake.fsyncs[:2] == ["results.jsonl", "done.txt"], "a done line on disk before its result"
+
+
+class SlowDisk(FastForward):
+    """Real time; the first fsync lasts until the server has answered `more`
+    requests past it (or `limit` seconds): how many did is kept."""
+
+    def __init__(self, server, more, limit=3.0):
+        super().__init__()
+        self.server, self.more, self.limit, self.answered_meanwhile = server, more, limit, None
+
+    def fsync(self, fd):
+        if self.answered_meanwhile is None:
+            start, end = sum(self.server.hits.values()), time.monotonic() + self.limit
+            while sum(self.server.hits.values()) < start + self.more and time.monotonic() < end:
+                time.sleep(0.005)
+            self.answered_meanwhile = sum(self.server.hits.values()) - start
+        super().fsync(fd)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names the fsynced files from /proc")
+def test_a_slow_fsync_does_not_hold_the_workers_answers(server, tmp_path, monkeypatch):
+    monkeypatch.setattr(redrive, "SYNC_INTERVAL", 0.02)  # a sync while the run is busy, not only at its end
+    monkeypatch.setattr(redrive, "MAX_WAIT", 0.02)  # (workers that go straight on do not wake the main thread)
+    ids = [f"s{n}" for n in range(40)]
+    for item in ids:
+        server.replies[item] = [("sleep", 0.005, (200, json.dumps({"id": item}).encode(), {}))]
+    fake = SlowDisk(server, more=8)
+    code, err, _ = crawl(server, tmp_path, ids, "--concurrency", "2", fake=fake)
+    assert code == ExitCode.OK and sorted(state(tmp_path, "done.txt")) == sorted(ids), err
+    assert fake.answered_meanwhile >= 8, "the workers waited for the disk"
 
 
 # ------------------------------------------------------- kill -9 and repair
