@@ -2116,6 +2116,23 @@ def test_the_fast_growth_ends_at_a_cut_where_the_host_refused_part_of_the_pace()
     assert host.pace.peak == pytest.approx(redrive.GUESS_FLOOR * rate)
 
 
+def test_the_cut_that_ends_the_fast_growth_measures_its_last_quarter_second_not_the_climb():
+    host = redrive.Host(limit=4.0, cap=32, slow_start=True)
+    answers(host, [0.001])
+    answers(host, [0.002, 0.003, 0.004, 0.005], kind="throttle")  # a limit with no burst: 18 r/s, growing
+    t = 0.005
+    while host.pace.rate < 50:  # sent at the rate, which climbs from 18 to 50 r/s in half a second
+        t += 1 / host.pace.rate
+        answers(host, [t])
+    answers(host, [t + 0.01], kind="throttle")  # past 50 r/s the host refuses part of the pace
+    answers(host, [t + 0.02, t + 0.04, t + 0.06])
+    answers(host, [t + 0.07], kind="throttle")
+    # the answers of the last quarter second, sent at 43 to 50 r/s: 11 of them; over the whole climb
+    # since the first cut it was 31.7 r/s, held for 6 s (nginx's 50 r/s: under 30 r/s for 12 s)
+    assert not host.pace.fast and host.pace.peak == pytest.approx(11 / redrive.GUESS_SPAN)
+    assert host.pace.rate == pytest.approx(redrive.CUT_FACTOR * 44.0)
+
+
 def test_a_host_that_refuses_everything_after_the_cut_is_probed_one_at_a_time():
     host = redrive.Host(limit=8.0, cap=8)
     answers(host, [n / 100 for n in range(1, 51)])
