@@ -3,6 +3,7 @@ subprocesses and signals; the clock, the sleep and the randomness injected."""
 
 import base64
 import email.utils
+import errno
 import gzip
 import io
 import json
@@ -1575,6 +1576,32 @@ def test_a_disk_that_fills_mid_run_is_one_line_exit_2_and_the_rerun_resumes(serv
     assert sorted(state(tmp_path, "done.txt")) == ids and sorted(r["id"] for r in state(tmp_path, "results.jsonl")) == ids
 
 
+class FailingDisk(FastForward):
+    """Real time; every fsync fails as a dying disk's does."""
+
+    def fsync(self, fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_an_fsync_that_fails_is_one_line_exit_2_and_the_rerun_resumes(server, tmp_path, monkeypatch, busy):
+    if busy:  # the fsync thread's failure, mid-run, not only the last one at close
+        monkeypatch.setattr(redrive, "SYNC_INTERVAL", 0.01)
+        monkeypatch.setattr(redrive, "MAX_WAIT", 0.01)
+    ids = [f"f{n}" for n in range(30)]
+    for item in ids:
+        server.replies[item] = [("sleep", 0.005, 200)]
+    code, err, _ = crawl(server, tmp_path, ids, fake=FailingDisk())
+    assert code == ExitCode.USAGE and "Traceback" not in err
+    [line] = [x for x in err.splitlines() if x.startswith("redrive: error")]
+    assert line.endswith("fsync failed (Input/output error); check the disk")
+    stored = state(tmp_path, "done.txt")
+    assert (len(stored) < len(ids)) == busy  # the failure stopped the run at once
+    code, err, _ = crawl(server, tmp_path, ids)
+    assert code == ExitCode.OK and sorted(state(tmp_path, "done.txt")) == sorted(ids)
+    assert all(server.hits[i] == 1 for i in stored), "a stored result was fetched again"
+
+
 def test_a_disk_full_at_start_is_one_line_exit_2(server, tmp_path):
     proc = limited_run(0, write_ids(tmp_path, ["a"]), "--url", server.template)
     assert proc.returncode == ExitCode.USAGE and "Traceback" not in proc.stderr
@@ -1636,16 +1663,19 @@ class SlowDisk(FastForward):
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names the fsynced files from /proc")
-def test_a_slow_fsync_does_not_hold_the_workers_answers(server, tmp_path, monkeypatch):
+@pytest.mark.parametrize("paced", [False, True])
+def test_a_slow_fsync_holds_neither_the_answers_nor_the_paced_starts(server, tmp_path, monkeypatch, paced):
     monkeypatch.setattr(redrive, "SYNC_INTERVAL", 0.02)  # a sync while the run is busy, not only at its end
     monkeypatch.setattr(redrive, "MAX_WAIT", 0.02)  # (workers that go straight on do not wake the main thread)
     ids = [f"s{n}" for n in range(40)]
     for item in ids:
         server.replies[item] = [("sleep", 0.005, (200, json.dumps({"id": item}).encode(), {}))]
     fake = SlowDisk(server, more=8)
-    code, err, _ = crawl(server, tmp_path, ids, "--concurrency", "2", fake=fake)
+    # paced: a worker that answers before the next slot leaves the start to the main thread
+    pace = ["--rate", "50"] if paced else []
+    code, err, _ = crawl(server, tmp_path, ids, "--concurrency", "2", *pace, fake=fake)
     assert code == ExitCode.OK and sorted(state(tmp_path, "done.txt")) == sorted(ids), err
-    assert fake.answered_meanwhile >= 8, "the workers waited for the disk"
+    assert fake.answered_meanwhile >= 8, "the run waited for the disk"
 
 
 # ------------------------------------------------------- kill -9 and repair
