@@ -226,7 +226,9 @@ PACED_SHARE = 0.05
 #: climbing, and past such a limit about every other request is refused), so
 #: the rate is set at it, not at CUT_FACTOR of it: nginx's 10 r/s with no
 #: burst was then sent at 8.7 r/s, not 7.4 (a limit with a burst took what
-#: it allows while its burst drained: its measure does not lag). That guess is the burst's answers
+#: it allows while its burst drained: its measure does not lag). When it
+#: refused LAG_SHARE of the answers or fewer, the climb had just crossed the
+#: limit, and the pace sent is the measure (nginx's 50 r/s: 48, not 40). That guess is the burst's answers
 #: over GUESS_SPAN; when the host took one of them or none, all it was sent:
 #: a limit with no burst refuses all but one of a burst whatever its rate
 #: (from one answer, 4 r/s, nginx's 100 r/s with no burst was reached 1.6 s in).
@@ -237,6 +239,7 @@ GUESS_SPAN = 0.25
 PACE_ANSWERS = 20
 GUESS_FLOOR = 0.5
 FAST_GROWTH = 2.0
+LAG_SHARE = 0.25
 
 #: A Retry-After of SHORT_PAUSE seconds or less ends a short quota window
 #: (so many requests a second). The pace it allows is the answers since the
@@ -1206,6 +1209,8 @@ class Pace:
             if whole or not took_all:
                 self.peak = accepted
                 lagging = self.fast and self.tight  # see FAST_GROWTH
+                if lagging and refused <= LAG_SHARE * answers:  # it just crossed the limit: the pace sent is nearer
+                    self.peak = (answers + refused) / max(span, (answers + refused) / self.rate)
             elif guess or self.fast:
                 self.peak = self.rate
             else:  # the pace it was sent: the refused requests' slots are jitter, not a lower limit
