@@ -58,6 +58,7 @@ import os
 import queue
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -759,6 +760,7 @@ def nginx_row(binary, folder, rate, burst, nodelay, count, opt, given=None):
     sent, throttled = sum(statuses.values()), statuses["429"]
     started = min((float(row[0]) for row in log), default=0.0)
     early = sum(row[-1] == "429" and float(row[0]) < started + 1.0 for row in log)  # finding the limit
+    spread = send_spread([float(row[0]) for row in log])
     ideal = (count - burst) / rate
     label = (f"{rate} r/s, burst {burst}{' nodelay' if nodelay else ''}, {count} ids"
              f"{shown} (exit {run.code})")
@@ -766,7 +768,18 @@ def nginx_row(binary, folder, rate, burst, nodelay, count, opt, given=None):
     return label, (f"wall {run.wall:.1f} s = {run.wall / ideal:.2f} x (N - burst) / rate (target <= 1.15), "
                    f"429s {throttled} = {throttled / max(sent, 1):.1%} of {sent} requests (target <= 3%; "
                    f"{early} in the first second, {throttled - early} after), "
+                   f"send spread {spread * 1000:.1f} ms, "
                    f"CPU {run.cpu / max(sent, 1) * 1e6:.0f} us/request, peak {run.rss:.0f} MB")
+
+
+def send_spread(arrivals):
+    """How unevenly requests arrived: the 99th percentile of how far each gap
+    between two arrivals is from the median of the ten around it (seconds, the
+    first 50 left out). A limit with no burst refuses a gap short by its
+    slack: at 100 r/s, a millisecond or two."""
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])][50:]
+    devs = sorted(abs(gaps[i] - statistics.median(gaps[i - 5:i + 5])) for i in range(5, len(gaps) - 5))
+    return devs[int(0.99 * len(devs))] if devs else 0.0
 
 
 def nginx_version(binary):
