@@ -760,7 +760,8 @@ def nginx_row(binary, folder, rate, burst, nodelay, count, opt, given=None):
     sent, throttled = sum(statuses.values()), statuses["429"]
     started = min((float(row[0]) for row in log), default=0.0)
     early = sum(row[-1] == "429" and float(row[0]) < started + 1.0 for row in log)  # finding the limit
-    spread = send_spread([float(row[0]) for row in log])
+    queued = burst and not nodelay  # nginx logs a queued request when it lets it go, not when it came
+    spread = "n/a (queued)" if queued else f"{send_spread([float(row[0]) for row in log]) * 1000:.1f} ms"
     ideal = (count - burst) / rate
     label = (f"{rate} r/s, burst {burst}{' nodelay' if nodelay else ''}, {count} ids"
              f"{shown} (exit {run.code})")
@@ -768,7 +769,7 @@ def nginx_row(binary, folder, rate, burst, nodelay, count, opt, given=None):
     return label, (f"wall {run.wall:.1f} s = {run.wall / ideal:.2f} x (N - burst) / rate (target <= 1.15), "
                    f"429s {throttled} = {throttled / max(sent, 1):.1%} of {sent} requests (target <= 3%; "
                    f"{early} in the first second, {throttled - early} after), "
-                   f"send spread {spread * 1000:.1f} ms, "
+                   f"send spread {spread}, "
                    f"CPU {run.cpu / max(sent, 1) * 1e6:.0f} us/request, peak {run.rss:.0f} MB")
 
 

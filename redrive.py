@@ -379,7 +379,9 @@ MAX_WAIT = 1.0
 #: up to a switch interval after its slot, and the next one may be on time:
 #: a limit with no burst refuses that pair (nginx's 50 r/s refused requests
 #: sent 16 to 18 ms apart at 44 to 47 r/s). With 1 ms, the sends' spread
-#: around their neighbours' (p99) fell from 2.5 to 6 ms to 1.5 to 3 ms.
+#: around their neighbours' (p99) fell from 2.5 to 6 ms to 1.5 to 3 ms. It
+#: costs CPU (5 to 10% more per request with 32 workers and no limit), so it
+#: starts with --rate, or once a host is paced.
 SWITCH_INTERVAL = 0.001
 
 #: The reason a TLS handshake or certificate check failed: no retry will fix it.
@@ -2896,6 +2898,11 @@ class Schedule:
         elif host.forgettable(now, self.cfg.concurrency):
             del self.hosts[item.host]
 
+    def paced(self, name: str) -> bool:
+        """Has host `name` a pace (it has limited)? A paced host is never forgotten."""
+        host = self.hosts.get(name)
+        return host is not None and host.pace.rate is not None
+
     def gate_opens(self, name: str, now: float) -> Optional[float]:
         """When host `name` lets its next ready id through (None: it has none, or is full)."""
         host = self.hosts.get(name)
@@ -3221,6 +3228,7 @@ class Batch:
         self.keeper = Timekeeper(cfg, fx, self.timeline, self.settler, ledger, progress)
         self.sleep = fx.sleep or self.wake.wait
         self.wakes_at = 0.0  #: when the main thread looks again, unless woken
+        self.timed = False  #: some requests are paced: threads switch every SWITCH_INTERVAL
 
     def request_stop(self, why: Stop) -> None:
         """Stop starting requests; wait a little for those in flight.
@@ -3242,7 +3250,8 @@ class Batch:
         workers = [threading.Thread(target=self._work, daemon=True) for _ in range(self.cfg.concurrency)]
         flusher = threading.Thread(target=self._flush, name="redrive-fsync", daemon=True)
         switch = sys.getswitchinterval()
-        sys.setswitchinterval(SWITCH_INTERVAL)
+        if self.cfg.rate:
+            self._keep_time()
         for thread in (*workers, flusher):
             thread.start()
         try:
@@ -3279,6 +3288,12 @@ class Batch:
         if self.failure:
             raise self.failure  # the last fsync failed
         return self.tally
+
+    def _keep_time(self) -> None:
+        """Requests are paced from now on: threads switch every SWITCH_INTERVAL
+        (it costs 5 to 10% more CPU per request on an unpaced run of 32 workers)."""
+        self.timed = True
+        sys.setswitchinterval(SWITCH_INTERVAL)
 
     def _flush(self) -> None:
         """The fsyncs, on their own thread: the disk's time (0.15 to 0.3 s
@@ -3334,6 +3349,8 @@ class Batch:
         if self.tally.crash:
             return None  # the run is stopping for a bug: settle nothing more
         self.settler.finish(item, outcome)
+        if not self.timed and self.timeline.paced(item.host):
+            self._keep_time()
         mine = self._take_ready()
         if mine is not None:
             self._hand_out()  # a success may have widened the gate: fill it now, not at the next tick

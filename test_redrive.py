@@ -2161,6 +2161,25 @@ def climb_past(limit):
     return host, t
 
 
+def test_threads_switch_every_millisecond_once_a_host_is_paced_and_as_before_after_the_run(server, tmp_path):
+    seen = []  # the interpreter's switch interval as each request is answered (the server runs in-process)
+
+    def ok():
+        seen.append(sys.getswitchinterval())
+        return 200
+
+    ids = [f"p{n}" for n in range(12)]
+    for n, item in enumerate(ids):
+        server.replies[item] = [ok] if n < 2 or n > 5 else [429, ok]  # four "too fast" in a row: the host's
+    before = sys.getswitchinterval()
+    code, err, _ = crawl(server, tmp_path, ids, fake=FastForward())
+    assert code == ExitCode.OK, err
+    assert seen[:2] == [before, before] and seen[-1] == redrive.SWITCH_INTERVAL != before
+    assert sys.getswitchinterval() == before
+    code, err, _ = crawl(server, tmp_path, ["q"], "--rate", "100", fake=FastForward())  # paced from the start
+    assert code == ExitCode.OK and seen[-1] == redrive.SWITCH_INTERVAL and sys.getswitchinterval() == before
+
+
 def test_the_cut_that_ends_the_fast_growth_measures_its_last_quarter_second_not_the_climb():
     host, t = climb_past(50)  # from 18 to 50 r/s in half a second
     answers(host, [t + 0.01], kind="throttle")  # past 50 r/s the host refuses part of the pace
