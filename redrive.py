@@ -219,19 +219,20 @@ PACED_SHARE = 0.05
 #: than GUESS_SPAN: see guess_floor), and one that took it all, the rate it
 #: was sent (the guess is near). The very first cut is a guess that grows by
 #: FAST_GROWTH req/s per answer (doubling in a third of a second) until a cut
-#: where the host refused part of the pace; that cut measures the last
-#: GUESS_SPAN only (over the whole climb, nginx's 50 r/s was measured at
-#: 28 r/s, the average of a rate rising from 18 to 50, and held 7 s). On a
-#: limit with no burst, that measure lags the pace it refused (a rate still
-#: climbing, and past such a limit about every other request is refused), so
-#: the rate is set at it, not at CUT_FACTOR of it: nginx's 10 r/s with no
-#: burst was then sent at 8.7 r/s, not 7.4 (a limit with a burst took what
-#: it allows while its burst drained: its measure does not lag). When it
-#: refused LAG_SHARE of the answers or fewer, the climb had just crossed the
-#: limit, and the pace sent is the measure (nginx's 50 r/s: 48, not 40). That guess is the burst's answers
+#: where the host refused part of the pace. That guess is the burst's answers
 #: over GUESS_SPAN; when the host took one of them or none, all it was sent:
 #: a limit with no burst refuses all but one of a burst whatever its rate
 #: (from one answer, 4 r/s, nginx's 100 r/s with no burst was reached 1.6 s in).
+#: The cut that ends the fast growth measures the last GUESS_SPAN only (over
+#: the whole climb, nginx's 50 r/s was measured at 28 r/s, the average of a
+#: rate rising from 18 to 50, and held 7 s). On a limit with no burst that
+#: measure still lags the pace refused (the rate was climbing, and past such
+#: a limit about every other request is refused), so the rate is set at it,
+#: not CUT_FACTOR under it (nginx's 10 r/s with no burst: 8.7 r/s, not 7.4),
+#: and when the host refused LAG_SHARE of the answers or fewer, the climb had
+#: just crossed the limit: the pace sent is the measure (nginx's 50 r/s: 48
+#: r/s, not 40). A limit with a burst took what it allows while the burst
+#: drained: its measure does not lag.
 CUT_FACTOR = 0.9
 JITTER_CUT = 0.95
 PLATEAU = 4.0
