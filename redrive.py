@@ -1799,9 +1799,10 @@ class Ledger:
             return None
         return max(0.0, self.synced_at + SYNC_INTERVAL - self.clock())
 
-    def due_files(self, now: bool = False) -> list:
-        """take_dirty() when the once-a-second sync is due (or `now`), else nothing."""
-        return self.take_dirty() if now or self.seconds_to_sync() == 0.0 else []
+    def due_files(self, idle: bool = False) -> list:
+        """take_dirty() when the once-a-second sync is due, or the run is
+        about to idle (a good moment to make the state durable); else nothing."""
+        return self.take_dirty() if idle or self.seconds_to_sync() == 0.0 else []
 
     def record(self, name: str, record: dict) -> None:
         self.append(name, json.dumps(record, ensure_ascii=False, separators=(",", ":")))
@@ -3267,7 +3268,7 @@ class Batch:
                     timeout = self.keeper.timeout()
                     self.wakes_at = self.fx.clock() + bounded_wait(timeout)
                     idle = not self.timeline.inflight
-                    dirty = self.ledger.due_files(now=idle)  # about to idle: a good moment to make the state durable
+                    dirty = self.ledger.due_files(idle)
                 if dirty:
                     self.flushes.put(dirty)
                 (self.sleep if idle else self.wake.wait)(timeout)
