@@ -1206,6 +1206,7 @@ class Pace:
         else:
             # never more than was sent; a window's answers over the time between its openings are its allowance
             accepted = answers / (span if whole else max(span, answers / self.rate))
+            sent = (answers + refused) / max(span, (answers + refused) / self.rate)  # refusals included
             took_all = refused <= THROTTLE_SHARE * answers or calm  # the pace was about right, just over the limit
             if guess:
                 accepted = max(accepted, self.rate * guess_floor(span))
@@ -1213,11 +1214,11 @@ class Pace:
                 self.peak = accepted
                 lagging = self.fast and self.tight  # see FAST_GROWTH
                 if lagging and refused <= LAG_SHARE * answers:  # it just crossed the limit: the pace sent is nearer
-                    self.peak = (answers + refused) / max(span, (answers + refused) / self.rate)
+                    self.peak = sent
             elif guess or self.fast:
                 self.peak = self.rate
             else:  # the pace it was sent: the refused requests' slots are jitter, not a lower limit
-                self.peak = (answers + refused) / max(span, (answers + refused) / self.rate)
+                self.peak = sent
                 jitter = plain  # no Retry-After, so no pause either: see JITTER_CUT
             self.fast = self.fast and guess and took_all
         tripped = cost > 0 and not whole  # the pace sent tripped a window: over its allowance
