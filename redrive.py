@@ -186,8 +186,12 @@ SLOW_START_STEP = 0.5
 #: SHARE_ANSWERS answers, if they go further back). On a host whose pace is
 #: set (it has limited before), a 429 with a Retry-After is the host's, and
 #: a plain one from PACED_RUN and PACED_SHARE of 429s on (its 503s are
-#: outages, not its limit). An id's own throttle makes that id wait alone;
-#: the host goes on.
+#: outages, not its limit), over SHARE_WINDOW or its last PACE_ANSWERS
+#: answers (at 10 r/s, SHARE_ANSWERS saw two refusals a second apart as two
+#: ids' own, and a pace just over nginx's 10 r/s leaked one a second for
+#: 10 s), counting only those since its last reaction (they were part of
+#: it), unless it has taken nothing since (a quota still spent). An id's own
+#: throttle makes that id wait alone; the host goes on.
 THROTTLE_STATUSES = frozenset({429, 503})
 HOST_RUN = 4
 THROTTLE_SHARE = 0.1
@@ -198,12 +202,16 @@ PACED_SHARE = 0.05
 
 #: The cut, at the host's throttle: the rate falls to CUT_FACTOR of the pace
 #: the host took: that of its last PACE_ANSWERS accepted answers (GUESS_SPAN
-#: seconds' worth at least) since the last reaction (what came before it, a
-#: burst the host allowed once, says nothing of its pace), and the
-#: concurrency halves. When the host refused THROTTLE_SHARE of that pace or
-#: less, the pace it was sent counts, refusals included: a limit with no
-#: slack (nginx's limit_req with no burst) refuses a request that jitter
-#: brought a few ms early, and the slot it lost is not a lower limit. With
+#: seconds' worth at least, the last second's or the last PACE_ANSWERS
+#: answers' at most) since the last reaction (what came before it, a burst
+#: the host allowed once, says nothing of its pace), and the concurrency
+#: halves. When the host refused THROTTLE_SHARE of that pace or less, the
+#: pace it was sent counts, refusals included: a limit with no slack (nginx's
+#: limit_req with no burst) refuses a request that jitter brought a few ms
+#: early, and the slot it lost is not a lower limit. A limit with a burst
+#: (see the first guess below) absorbs such jitter: its plain refusal says
+#: the burst ran dry, and the pace it took counts (nginx's 50 r/s, burst 10:
+#: 0.8% of 429s in two runs, against 1.4 and 1.8%). With
 #: no Retry-After, THROTTLE_SHARE of the last second's answers or less counts
 #: too: at 100 r/s a quarter second's 22 answers now and then hold 3 such
 #: refusals, and the cut took the pace accepted, 79 to 88 r/s. Such a
@@ -226,13 +234,14 @@ PACED_SHARE = 0.05
 #: The cut that ends the fast growth measures the last GUESS_SPAN only (over
 #: the whole climb, nginx's 50 r/s was measured at 28 r/s, the average of a
 #: rate rising from 18 to 50, and held 7 s). On a limit with no burst that
-#: measure still lags the pace refused (the rate was climbing, and past such
-#: a limit about every other request is refused), so the rate is set at it,
-#: not CUT_FACTOR under it (nginx's 10 r/s with no burst: 8.7 r/s, not 7.4),
-#: and when the host refused LAG_SHARE of the answers or fewer, the climb had
-#: just crossed the limit: the pace sent is the measure (nginx's 50 r/s: 48
-#: r/s, not 40). A limit with a burst took what it allows while the burst
-#: drained: its measure does not lag.
+#: measure still lags the pace refused (the rate was climbing), so the rate
+#: is set at it, not CUT_FACTOR under it (nginx's 10 r/s with no burst: 8.7
+#: r/s, not 7.4). Past such a limit about every other request is refused:
+#: at any cut where it refused LAG_SHARE of the answers or fewer, the pace
+#: had just crossed it, and the pace sent is the measure (nginx's 50 r/s at
+#: the fast growth's end: 48 r/s, not 40; nginx's 10 r/s at a plateau's
+#: end: 9.3 r/s, not 7.2, held 25 s). A limit with a burst took what it
+#: allows while the burst drained: its measure does not lag.
 CUT_FACTOR = 0.9
 JITTER_CUT = 0.95
 PLATEAU = 4.0
@@ -490,7 +499,7 @@ CAUSES = frozenset(cause.value for cause in Cause)
 
 
 class Answer(Enum):
-    """What one answer says of its host's pace (Host.recent keeps the last second's)."""
+    """What one answer says of its host's pace (Host.recent keeps the last second's, PACE_ANSWERS at least)."""
 
     OK = "ok"  #: any answer but a throttle: a 404 or a 500 says nothing of pace
     THROTTLE = "throttle"  #: a 429
@@ -1213,12 +1222,12 @@ class Pace:
             if whole or not took_all:
                 self.peak = accepted
                 lagging = self.fast and self.tight  # see FAST_GROWTH
-                if lagging and refused <= LAG_SHARE * answers:  # it just crossed the limit: the pace sent is nearer
+                if self.tight and not whole and refused <= LAG_SHARE * answers:  # it just crossed a limit with no burst
                     self.peak = sent
             elif guess or self.fast:
                 self.peak = self.rate
             else:  # the pace it was sent: the refused requests' slots are jitter, not a lower limit
-                self.peak = sent
+                self.peak = accepted if plain and not self.tight else sent  # a burst absorbs jitter: see CUT_FACTOR
                 jitter = plain  # no Retry-After, so no pause either: see JITTER_CUT
             self.fast = self.fast and guess and took_all
         tripped = cost > 0 and not whole  # the pace sent tripped a window: over its allowance
@@ -1364,7 +1373,7 @@ class Host:
     window_start: float = float("-inf")  #: when the last Retry-After pause ended
     first_answer: float = float("inf")
     last_ok: float = float("-inf")  #: the last answer that was not a throttle
-    recent: deque = field(default_factory=deque)  #: (time, kind) of the last second's answers
+    recent: deque = field(default_factory=deque)  #: (time, kind) of the last second's answers, PACE_ANSWERS at least
     run: int = 0  #: throttles in a row
     quota: Quota = field(default_factory=Quota)  #: its windows, spells of refusals and allowance
     unreached: int = 0  #: requests in a row that never reached the host
@@ -1394,7 +1403,7 @@ class Host:
         self.inflight -= 1
         self.first_answer = min(self.first_answer, now)
         self.recent.append((now, kind))
-        while self.recent[0][0] < now - 1.0:
+        while self.recent[0][0] < now - 1.0 and len(self.recent) > PACE_ANSWERS:
             self.recent.popleft()
         if kind in REFUSALS:
             self.run += 1
@@ -1464,7 +1473,9 @@ class Host:
         """Is this throttle the host's limit? See HOST_RUN."""
         if self.quota.starved_since is not None or self.quota.spent():  # refusing everything, or the allowance is spent
             return True
-        return hosts_throttle(self.recent, self.run, bool(self.pace.rate), status, wait)
+        taken = self.last_ok > self.reacted_at  # since the last reaction: if not, its throttles still speak
+        return hosts_throttle(self.recent, self.run, bool(self.pace.rate), status, wait,
+                              self.reacted_at if taken else float("-inf"))
 
     def react(self, now: float, wait: Optional[float], cap: float) -> None:
         """The host's throttle of a request sent after the last reaction."""
@@ -1491,7 +1502,8 @@ class Host:
         self.limit = max(1.0, self.limit / 2)
         # a new host's first short window, measured up to its pause's end (so no pause to weigh): a lower bound
         lower = self.pace.rate is None and wait is not None and 0 < wait <= SHORT_PAUSE and not taken[4]
-        refusals = sum(kind in REFUSALS for _, kind in self.recent)  # the last second: a sample larger than the cut's
+        # the last second (PACE_ANSWERS answers at least): a larger sample than the cut's
+        refusals = sum(kind in REFUSALS for _, kind in self.recent)
         calm = wait is None and refusals <= THROTTLE_SHARE * (len(self.recent) - refusals)
         self.pace.cut(*taken, whole=spell is not None, lower=lower, plain=wait is None, calm=calm)
         self.next_slot = max(self.next_slot, now + 1.0 / self.pace.rate)  # the next request one slot after the throttle
@@ -1510,7 +1522,8 @@ def pace_taken(host: Host, now: float, before: float, wait: Optional[float]) -> 
         end = host.paused_until if start > now - 1.0 else now
         cost, guess = (wait if end == now else 0.0), False  # a window's allowance is measured whole
     else:  # the pace of the last answers: PACE_ANSWERS of them, or GUESS_SPAN seconds' worth
-        since = max(now - 1.0, host.first_answer, opened, before)
+        oldest = host.recent[0][0] if host.recent else now  # the last second, or PACE_ANSWERS answers if longer
+        since = max(min(now - 1.0, oldest), host.first_answer, opened, before)
         if host.pace.fast:  # a rate still doubling every third of a second: only its last moment is its pace
             since = max(since, now - GUESS_SPAN)
         times = [t for t, kind in host.recent if t >= since and kind not in REFUSALS]
@@ -1524,15 +1537,20 @@ def pace_taken(host: Host, now: float, before: float, wait: Optional[float]) -> 
     return answers, refused, end - start, guess, cost
 
 
-def hosts_throttle(recent: deque, run: int, paced: bool, status: int, wait: Optional[float]) -> bool:
+def hosts_throttle(recent: deque, run: int, paced: bool, status: int, wait: Optional[float],
+                   reacted: float = float("-inf")) -> bool:
     """Whether a throttle is the host's, from its last answers (`recent`, the
-    last one this throttle) and the throttles in a row (`run`): see HOST_RUN."""
+    last one this throttle), the throttles in a row (`run`) and the last
+    reaction (at `reacted`): see HOST_RUN."""
     since = recent[-1][0] - SHARE_WINDOW
+    if paced and status == 429:  # a host known to limit says "too fast" with a 429
+        if len(recent) >= PACE_ANSWERS:  # a slow host: its last PACE_ANSWERS answers, if longer ago
+            since = min(since, recent[-PACE_ANSWERS][0])
+        last = [kind for t, kind in recent if t >= since and t > reacted]  # older ones were reacted to
+        return wait is not None or last.count(Answer.THROTTLE) >= max(PACED_RUN, PACED_SHARE * len(last))
     if len(recent) >= SHARE_ANSWERS:  # a slow host: its last SHARE_ANSWERS answers, if longer ago
         since = min(since, recent[-SHARE_ANSWERS][0])
     last = [kind for t, kind in recent if t >= since]
-    if paced and status == 429:  # a host known to limit says "too fast" with a 429
-        return wait is not None or last.count(Answer.THROTTLE) >= max(PACED_RUN, PACED_SHARE * len(last))
     throttles = sum(1 for kind in last if kind in REFUSALS)
     return run >= HOST_RUN or (throttles >= HOST_RUN and throttles >= THROTTLE_SHARE * len(last))
 
