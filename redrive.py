@@ -185,13 +185,16 @@ SLOW_START_STEP = 0.5
 #: more of the host's answers in the last SHARE_WINDOW seconds (or its last
 #: SHARE_ANSWERS answers, if they go further back). On a host whose pace is
 #: set (it has limited before), a 429 with a Retry-After is the host's, and
-#: a plain one from PACED_RUN and PACED_SHARE of 429s on (its 503s are
-#: outages, not its limit), over SHARE_WINDOW or its last PACE_ANSWERS
-#: answers (at 10 r/s, SHARE_ANSWERS saw two refusals a second apart as two
-#: ids' own, and a pace just over nginx's 10 r/s leaked one a second for
-#: 10 s), counting only those since its last reaction (they were part of
-#: it), unless it has taken nothing since (a quota still spent). An id's own
-#: throttle makes that id wait alone; the host goes on.
+#: so is a plain one when its limit has a burst (see FAST_GROWTH): a burst
+#: absorbs jitter, so its refusal says it ran dry (waiting for a second one
+#: cost nginx's 10 r/s, burst 5 a refusal more at each cut). On a limit with
+#: no burst, a plain 429 is the host's from PACED_RUN and PACED_SHARE of
+#: 429s on (its 503s are outages, not its limit), over SHARE_WINDOW or its
+#: last PACE_ANSWERS answers (at 10 r/s, SHARE_ANSWERS saw two refusals a
+#: second apart as two ids' own), counting only those since its last
+#: reaction (they were part of it), unless it has taken nothing since (a
+#: quota still spent). An id's own throttle makes that id wait alone; the
+#: host goes on.
 THROTTLE_STATUSES = frozenset({429, 503})
 HOST_RUN = 4
 THROTTLE_SHARE = 0.1
@@ -1475,7 +1478,7 @@ class Host:
             return True
         taken = self.last_ok > self.reacted_at  # since the last reaction: if not, its throttles still speak
         return hosts_throttle(self.recent, self.run, bool(self.pace.rate), status, wait,
-                              self.reacted_at if taken else float("-inf"))
+                              self.reacted_at if taken else float("-inf"), burst=not self.pace.tight)
 
     def react(self, now: float, wait: Optional[float], cap: float) -> None:
         """The host's throttle of a request sent after the last reaction."""
@@ -1538,16 +1541,18 @@ def pace_taken(host: Host, now: float, before: float, wait: Optional[float]) -> 
 
 
 def hosts_throttle(recent: deque, run: int, paced: bool, status: int, wait: Optional[float],
-                   reacted: float = float("-inf")) -> bool:
+                   reacted: float = float("-inf"), burst: bool = False) -> bool:
     """Whether a throttle is the host's, from its last answers (`recent`, the
-    last one this throttle), the throttles in a row (`run`) and the last
-    reaction (at `reacted`): see HOST_RUN."""
+    last one this throttle), the throttles in a row (`run`), the last
+    reaction (at `reacted`) and whether its limit has a burst: see HOST_RUN."""
     since = recent[-1][0] - SHARE_WINDOW
     if paced and status == 429:  # a host known to limit says "too fast" with a 429
+        if wait is not None or burst:  # and a limit with a burst refuses no jitter
+            return True
         if len(recent) >= PACE_ANSWERS:  # a slow host: its last PACE_ANSWERS answers, if longer ago
             since = min(since, recent[-PACE_ANSWERS][0])
         last = [kind for t, kind in recent if t >= since and t > reacted]  # older ones were reacted to
-        return wait is not None or last.count(Answer.THROTTLE) >= max(PACED_RUN, PACED_SHARE * len(last))
+        return last.count(Answer.THROTTLE) >= max(PACED_RUN, PACED_SHARE * len(last))
     if len(recent) >= SHARE_ANSWERS:  # a slow host: its last SHARE_ANSWERS answers, if longer ago
         since = min(since, recent[-SHARE_ANSWERS][0])
     last = [kind for t, kind in recent if t >= since]
