@@ -187,14 +187,12 @@ SLOW_START_STEP = 0.5
 #: set (it has limited before), a 429 with a Retry-After is the host's, and
 #: so is a plain one when its limit has a burst (see FAST_GROWTH): a burst
 #: absorbs jitter, so its refusal says it ran dry (waiting for a second one
-#: cost nginx's 10 r/s, burst 5 a refusal more at each cut). On a limit with
-#: no burst, a plain 429 is the host's from PACED_RUN and PACED_SHARE of
-#: 429s on (its 503s are outages, not its limit), over SHARE_WINDOW or its
-#: last PACE_ANSWERS answers (at 10 r/s, SHARE_ANSWERS saw two refusals a
-#: second apart as two ids' own), counting only those since its last
-#: reaction (they were part of it), unless it has taken nothing since (a
-#: quota still spent). An id's own throttle makes that id wait alone; the
-#: host goes on.
+#: cost nginx's 10 r/s, burst 5 a refusal more at each cut); or when its rate
+#: is still growing fast (it has just crossed the limit). Otherwise a plain
+#: 429 is the host's from PACED_RUN and PACED_SHARE of 429s on (its 503s are
+#: outages, not its limit), over SHARE_WINDOW or its last PACE_ANSWERS
+#: answers (at 10 r/s, SHARE_ANSWERS saw two refusals a second apart as two
+#: ids' own). An id's own throttle makes that id wait alone; the host goes on.
 THROTTLE_STATUSES = frozenset({429, 503})
 HOST_RUN = 4
 THROTTLE_SHARE = 0.1
@@ -1476,9 +1474,8 @@ class Host:
         """Is this throttle the host's limit? See HOST_RUN."""
         if self.quota.starved_since is not None or self.quota.spent():  # refusing everything, or the allowance is spent
             return True
-        taken = self.last_ok > self.reacted_at  # since the last reaction: if not, its throttles still speak
-        return hosts_throttle(self.recent, self.run, bool(self.pace.rate), status, wait,
-                              self.reacted_at if taken else float("-inf"), burst=not self.pace.tight)
+        at_once = self.pace.fast or not self.pace.tight  # see THROTTLE_STATUSES
+        return hosts_throttle(self.recent, self.run, bool(self.pace.rate), status, wait, at_once)
 
     def react(self, now: float, wait: Optional[float], cap: float) -> None:
         """The host's throttle of a request sent after the last reaction."""
@@ -1541,17 +1538,18 @@ def pace_taken(host: Host, now: float, before: float, wait: Optional[float]) -> 
 
 
 def hosts_throttle(recent: deque, run: int, paced: bool, status: int, wait: Optional[float],
-                   reacted: float = float("-inf"), burst: bool = False) -> bool:
+                   at_once: bool = False) -> bool:
     """Whether a throttle is the host's, from its last answers (`recent`, the
-    last one this throttle), the throttles in a row (`run`), the last
-    reaction (at `reacted`) and whether its limit has a burst: see HOST_RUN."""
+    last one this throttle) and the throttles in a row (`run`); `at_once`: a
+    plain 429 of a paced host is (its limit has a burst, or its rate is still
+    doubling). See HOST_RUN."""
     since = recent[-1][0] - SHARE_WINDOW
     if paced and status == 429:  # a host known to limit says "too fast" with a 429
-        if wait is not None or burst:  # and a limit with a burst refuses no jitter
+        if wait is not None or at_once:
             return True
         if len(recent) >= PACE_ANSWERS:  # a slow host: its last PACE_ANSWERS answers, if longer ago
             since = min(since, recent[-PACE_ANSWERS][0])
-        last = [kind for t, kind in recent if t >= since and t > reacted]  # older ones were reacted to
+        last = [kind for t, kind in recent if t >= since]
         return last.count(Answer.THROTTLE) >= max(PACED_RUN, PACED_SHARE * len(last))
     if len(recent) >= SHARE_ANSWERS:  # a slow host: its last SHARE_ANSWERS answers, if longer ago
         since = min(since, recent[-SHARE_ANSWERS][0])
