@@ -1543,17 +1543,15 @@ def hosts_throttle(recent: deque, run: int, paced: bool, status: int, wait: Opti
     last one this throttle) and the throttles in a row (`run`); `at_once`: a
     plain 429 of a paced host is (its limit has a burst, or its rate is still
     doubling). See HOST_RUN."""
-    since = recent[-1][0] - SHARE_WINDOW
-    if paced and status == 429:  # a host known to limit says "too fast" with a 429
-        if wait is not None or at_once:
-            return True
-        if len(recent) >= PACE_ANSWERS:  # a slow host: its last PACE_ANSWERS answers, if longer ago
-            since = min(since, recent[-PACE_ANSWERS][0])
-        last = [kind for t, kind in recent if t >= since]
-        return last.count(Answer.THROTTLE) >= max(PACED_RUN, PACED_SHARE * len(last))
-    if len(recent) >= SHARE_ANSWERS:  # a slow host: its last SHARE_ANSWERS answers, if longer ago
-        since = min(since, recent[-SHARE_ANSWERS][0])
+    limits = paced and status == 429  # a host known to limit says "too fast" with a 429
+    if limits and (wait is not None or at_once):
+        return True
+    since, sample = recent[-1][0] - SHARE_WINDOW, PACE_ANSWERS if limits else SHARE_ANSWERS
+    if len(recent) >= sample:  # a slow host: its last answers, if they go further back
+        since = min(since, recent[-sample][0])
     last = [kind for t, kind in recent if t >= since]
+    if limits:
+        return last.count(Answer.THROTTLE) >= max(PACED_RUN, PACED_SHARE * len(last))
     throttles = sum(1 for kind in last if kind in REFUSALS)
     return run >= HOST_RUN or (throttles >= HOST_RUN and throttles >= THROTTLE_SHARE * len(last))
 
