@@ -2112,12 +2112,12 @@ def test_a_cut_where_the_host_refused_a_tenth_or_less_is_below_the_pace_sent_if_
     assert host.pace.peak == pytest.approx(peak) and host.pace.rate == pytest.approx(redrive.JITTER_CUT * peak)
 
 
-def slow_limit(refused, tight=False, sent=10.7):
-    """A host paced at `sent` r/s (a limit with no burst, or not) whose slots up to the 39th were
-    answered, those in `refused` with a plain 429 (as if sent before the last reaction); the 40th
-    sent, and the time it was."""
+def slow_limit(refused, sent=10.7):
+    """A host paced at `sent` r/s by a limit with no burst, whose slots up to the 39th were answered,
+    those in `refused` with a plain 429 (as if sent before the last reaction); the 40th sent, and
+    the time it was."""
     host = redrive.Host(limit=8.0, cap=8, reacted_at=-5.0,
-                        pace=redrive.Pace(rate=sent, peak=sent, tight=tight, plateau=30.0))
+                        pace=redrive.Pace(rate=sent, peak=sent, tight=True, plateau=30.0))
     host.first_answer = 0.0
     for k in range(1, 40):
         (refusals if k in refused else answers)(host, [round(k / sent, 4)])
@@ -2126,9 +2126,9 @@ def slow_limit(refused, tight=False, sent=10.7):
 
 
 def test_on_a_slow_host_that_limits_two_plain_429s_among_its_last_twenty_answers_are_the_hosts():
-    host, t = slow_limit(set(), tight=True)
+    host, t = slow_limit(set())
     assert not host.throttled(t, t, None, 60.0)  # one plain "too fast" from a limit with no burst: jitter
-    host, t = slow_limit({29}, tight=True)
+    host, t = slow_limit({29})
     # a second apart at 10 r/s: within the last SHARE_ANSWERS answers (one second) they looked like two
     # ids' own, and a pace a few percent over nginx's 10 r/s leaked a refusal a second
     assert host.throttled(t, t, None, 60.0)
@@ -2137,7 +2137,7 @@ def test_on_a_slow_host_that_limits_two_plain_429s_among_its_last_twenty_answers
 
 
 def test_a_limit_with_no_burst_that_refused_a_quarter_or_less_is_cut_below_the_pace_sent():
-    host, t = slow_limit({27, 33}, tight=True)
+    host, t = slow_limit({27, 33})
     assert host.throttled(t, t, None, 60.0)
     # 17 taken and 3 refused of the last 20: past a limit with no burst about every other request is
     # refused, so few only when the pace is just past it. The pace sent (10.7 r/s) is the nearer
