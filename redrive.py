@@ -178,6 +178,12 @@ LOG_INTERVAL = 30.0
 #: bound, under the 0.90 target, against 0.90 to 0.91 from 4.)
 START_LIMIT = 4
 SLOW_START_STEP = 0.5
+#: A round trip counts as SLOW_START_ROUND seconds at least. A host that
+#: answers in a millisecond was at 7 to 14 in flight when a burst ran out 10
+#: ms in, and all of them were refused (nginx's 10 r/s, burst 5: 7; 100
+#: r/s, burst 20: 14); now 4 or 5 are. At this latency or more nothing
+#: changes; below it, 32 in flight takes a quarter second, not 6 round trips.
+SLOW_START_ROUND = 0.05
 
 #: Statuses that say "too fast". One is the host's (its rate limit), not one
 #: id's (an item being rebuilt, a per-object limit), when it is the HOST_RUN-th
@@ -251,6 +257,15 @@ PACE_ANSWERS = 20
 GUESS_FLOOR = 0.5
 FAST_GROWTH = 2.0
 LAG_SHARE = 0.25
+
+#: The first guess (see FAST_GROWTH) is a burst's answers over GUESS_SPAN,
+#: whatever the limit's rate. When the host refuses the first requests sent
+#: at it, before it took any, the guess is over the limit by how much is
+#: unknown: it falls to OVERSHOOT of itself, and the rate is held under it
+#: as after a cut. Falling a tenth or two at a time, as a cut measured
+#: from so few answers does, cost nginx's 10 r/s limits two refusals more
+#: on the way down (20, 13.6, 8.6 r/s); now none (20, then 9 r/s).
+OVERSHOOT = 0.5
 
 #: A Retry-After of SHORT_PAUSE seconds or less ends a short quota window
 #: (so many requests a second). The pace it allows is the answers since the
@@ -1238,8 +1253,14 @@ class Pace:
         self.rate = max(MIN_RATE, share * self.peak)
         self.lower, self.windowed = lower, self.windowed or lower or cost > 0
         steady = self.steady(previous)  # a steady limit whose probe costs a pause is probed less and less often
-        requests = min(PROBE_REQUESTS / self.peak, PLATEAU * 2 ** STEADY_MAX)  # see PROBE_REQUESTS
-        self.plateau = max(requests, (PLATEAU + cost / PROBE_SHARE) * (2 ** steady if cost else 1))
+        self.plateau = probe_plateau(self.peak, cost, steady)
+
+    def overshot(self) -> None:
+        """The first guess was refused before the host took a request sent
+        at it: over the limit (see OVERSHOOT)."""
+        self.peak, self.fast = OVERSHOOT * self.peak, False
+        self.rate = max(MIN_RATE, CUT_FACTOR * self.peak)
+        self.plateau = probe_plateau(self.peak)
 
     def steady(self, previous: Optional[float]) -> int:
         """Cuts in a row at a peak within STEADY_BAND of the one before (STEADY_MAX at most)."""
@@ -1355,7 +1376,7 @@ class Host:
     after its last reaction is a new one: the pause its Retry-After asks for,
     the cut (see CUT_FACTOR) and half the concurrency; or, when nothing was
     accepted since the last reaction and there is no Retry-After, a probe
-    pause (see PROBE_FIRST). Throttles of requests in flight at a reaction
+    pause (see PROBE_FIRST), and a first guess falls (see OVERSHOOT). Throttles of requests in flight at a reaction
     are part of it. Until its first reaction a host is in slow start (see
     START_LIMIT); after it, each success adds 1 / limit. A host that
     DOWN_AFTER requests in a row never reached is down: one probe at a time,
@@ -1369,6 +1390,7 @@ class Host:
     paused_until: float = 0.0
     pace: Pace = field(default_factory=Pace)  #: its rate, once it has limited
     slow_start: bool = False  #: no reaction yet: the limit grows by SLOW_START_STEP a success
+    first_sent: float = float("inf")  #: when its first request left
     next_slot: float = 0.0
     reacted_at: float = float("-inf")  #: the last reaction to the host's throttle
     window_start: float = float("-inf")  #: when the last Retry-After pause ended
@@ -1392,6 +1414,7 @@ class Host:
 
     def start(self, now: float) -> None:
         self.inflight += 1
+        self.first_sent = min(self.first_sent, now)
         self.quota.sent_in_window += 1
         self.probing = self.down_since is not None
         if self.pace.rate:
@@ -1447,7 +1470,11 @@ class Host:
         """Any answer but a throttle: the host keeps up, so the pace may grow."""
         spell = self.quota.starved_since is not None
         self.answered(now, Answer.OK)
-        self.limit = min(ceiling, self.limit + (SLOW_START_STEP if self.slow_start else 1.0 / self.limit))
+        if self.slow_start:
+            grown = min(self.limit + SLOW_START_STEP, slow_start_limit(now - self.first_sent))
+            self.limit = min(ceiling, max(self.limit, grown))
+        else:
+            self.limit = min(ceiling, self.limit + 1.0 / self.limit)
         never_paused = self.window_start == float("-inf")  # a host that sends a Retry-After is measured by it
         window = spell and never_paused and self.quota.closed_window(self.first_answer)
         if window:  # a short window with no Retry-After ended: the next is sent at its pace (see SHORT_PAUSE)
@@ -1487,6 +1514,8 @@ class Host:
             quota.starved_since = now
         if (starved or ended) and wait is None:
             self.paused_until = max(self.paused_until, now + min(cap, quota.probe_pause(now)))
+            if starved and self.pace.fast:  # the first guess took nothing: see OVERSHOOT
+                self.pace.overshot()
         elif not (starved or ended):
             self.cut(now, before, wait)
         if wait is not None:
@@ -1556,12 +1585,28 @@ def hosts_throttle(recent: deque, run: int, paced: bool, status: int, wait: Opti
     return run >= HOST_RUN or (throttles >= HOST_RUN and throttles >= THROTTLE_SHARE * len(last))
 
 
+def slow_start_limit(elapsed: float) -> float:
+    """The most a host in slow start may have in flight `elapsed` seconds
+    after its first request: START_LIMIT * (1 + SLOW_START_STEP) ** (elapsed
+    / SLOW_START_ROUND), as if each round trip took SLOW_START_ROUND at least."""
+    return START_LIMIT * (1.0 + SLOW_START_STEP) ** min(elapsed / SLOW_START_ROUND, 64.0)
+
+
 def guess_floor(span: float) -> float:
     """The least share of the rate a guess cut keeps, after `span` seconds
     of answers: 1 - (1 - GUESS_FLOOR) * min(1, span / GUESS_SPAN). A throttle
     a slot or two after the last cut (the jitter of a limit with no slack)
     says little: the rate falls by a tenth or two, not by half."""
     return 1.0 - (1.0 - GUESS_FLOOR) * min(1.0, span / GUESS_SPAN)
+
+
+def probe_plateau(peak: float, cost: float = 0.0, steady: int = 0) -> float:
+    """Seconds the rate stays near `peak` after a cut: PROBE_REQUESTS / peak
+    (PLATEAU x 2 ** STEADY_MAX at most), or, when a probe past the pace costs
+    a pause of `cost` s, (PLATEAU + cost / PROBE_SHARE) x 2 ** `steady` if
+    that is longer; PLATEAU at least. See PROBE_REQUESTS."""
+    requests = min(PROBE_REQUESTS / peak, PLATEAU * 2 ** STEADY_MAX)
+    return max(requests, (PLATEAU + cost / PROBE_SHARE) * (2 ** steady if cost else 1))
 
 
 def cubic_pace(elapsed: float, plateau: float = PLATEAU) -> float:

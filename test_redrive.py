@@ -1969,7 +1969,8 @@ def answers(host, times, kind="ok"):
 
 def test_a_new_host_starts_slow_and_grows_by_half_a_round_trip_until_its_first_throttle():
     host = redrive.Host(limit=4.0, cap=32, slow_start=True)
-    answers(host, [n / 100 + 0.02 for n in range(12)])
+    host.start(0.0)  # its first request, answered a round trip later
+    answers(host, [n / 100 + 0.05 for n in range(12)])
     assert host.limit == 10.0  # half a request more per success: half as many again every round trip
     for t in (0.2, 0.201, 0.202):
         host.start(t)
@@ -1981,6 +1982,17 @@ def test_a_new_host_starts_slow_and_grows_by_half_a_round_trip_until_its_first_t
     host.start(0.8)
     host.succeeded(0.81, 32)
     assert host.limit == pytest.approx(3.5 + 1 / 3.5)  # after the cut: 1 / limit a success
+
+
+def test_a_host_that_answers_at_once_grows_as_if_each_round_trip_took_slow_start_round():
+    assert redrive.slow_start_limit(0.0) == redrive.START_LIMIT
+    assert redrive.slow_start_limit(2 * redrive.SLOW_START_ROUND) == pytest.approx(9.0)
+    host = redrive.Host(limit=4.0, cap=32, slow_start=True)
+    answers(host, [0.001 * k for k in range(1, 13)])  # 12 answers within 12 ms
+    # grown by half a request a success, it would have 10 in flight, all refused when a burst runs out
+    assert host.limit == pytest.approx(redrive.slow_start_limit(0.012)) and int(host.limit) == 4
+    answers(host, [0.1])  # two rounds later it grows by half a request again
+    assert host.limit == pytest.approx(redrive.slow_start_limit(0.012) + redrive.SLOW_START_STEP)
 
 
 def test_a_throttle_is_the_hosts_only_when_throttles_cluster():
@@ -2178,6 +2190,21 @@ def test_a_first_guess_grows_fast_until_a_measured_cut():
     rate = host.pace.rate
     answers(host, [0.5, 0.6])
     assert host.pace.rate == pytest.approx(rate + 2 * redrive.FAST_GROWTH)
+
+
+def test_a_first_guess_refused_before_the_host_took_a_request_sent_at_it_falls_by_half_once():
+    host = redrive.Host(limit=4.0, cap=32, slow_start=True)
+    answers(host, [0.001])
+    answers(host, [0.002, 0.003, 0.004, 0.005], kind="throttle")  # no burst: a guess of 20 r/s
+    assert host.pace.fast and host.pace.peak == pytest.approx(20.0)
+    answers(host, [0.06], kind="throttle")  # the first request sent at it is refused as well
+    # over the limit by how much is unknown: half of it, and held there as after a cut, for
+    # PROBE_REQUESTS (falling a tenth or two a cut, nginx's 10 r/s went 20, 13.6, 8.6 r/s: 2 refusals more)
+    assert not host.pace.fast and host.pace.peak == pytest.approx(10.0) and host.pace.rate == pytest.approx(9.0)
+    assert host.pace.plateau == pytest.approx(redrive.PROBE_REQUESTS / 10.0)
+    assert host.paused_until == pytest.approx(0.06 + redrive.PROBE_FIRST)  # the probe pause, as before
+    answers(host, [0.2], kind="throttle")  # the host still takes nothing: a probe pause, no second halving
+    assert host.pace.peak == pytest.approx(10.0) and host.paused_until > 0.2
 
 
 def test_the_fast_growth_ends_at_a_cut_where_the_host_refused_part_of_the_pace():
