@@ -181,9 +181,12 @@ SLOW_START_STEP = 0.5
 #: A round trip counts as SLOW_START_ROUND seconds at least. A host that
 #: answers in a millisecond was at 7 to 14 in flight when a burst ran out 10
 #: ms in, and all of them were refused (nginx's 10 r/s, burst 5: 7; 100
-#: r/s, burst 20: 14); now 4 or 5 are. At this latency or more nothing
-#: changes; below it, 32 in flight takes a quarter second, not 6 round trips.
-SLOW_START_ROUND = 0.05
+#: r/s, burst 20: 14); now 5 or 6 are. (In 45-id runs of 10 r/s burst 5,
+#: 7 refusals in each of four with 20 ms; 6, 6, 6 and 7 with 30 ms; 6 or 7
+#: with 50 ms, which also slowed the start of a host answering in 20 ms.)
+#: At this latency or more nothing changes; below it, 32 in flight takes
+#: 0.15 s, not 6 round trips.
+SLOW_START_ROUND = 0.03
 
 #: Statuses that say "too fast". One is the host's (its rate limit), not one
 #: id's (an item being rebuilt, a per-object limit), when it is the HOST_RUN-th
@@ -340,8 +343,15 @@ PROBE_FIRST = 0.1
 #: opening (a probe taken after a long spell of refusals) to the next. Once
 #: it is known, the probes wait until PERIOD_SLACK x the period before the
 #: next opening is due, then step by PERIOD_SLACK x the period: a few probes
-#: a window, not one for each quarter of the time refused so far.
+#: a window, not one for each quarter of the time refused so far. The last
+#: opening may have come any time since the last refusal before it (its
+#: spread: a probe pause that ended just after a window opened says nothing
+#: of how long it had been open), so the steps begin that much earlier, and
+#: are SPREAD_STEPS over the spread at most: stepping 0.2 s at a time across
+#: a spread of 7.6 s cost 45 refusals (600 per 10 s); now about 9, and that
+#: opening is found a step late at most.
 PERIOD_SLACK = 0.02
+SPREAD_STEPS = 8
 
 #: ALLOWANCE: a long quota window (so many requests a minute or an hour) ends
 #: with a Retry-After over SHORT_PAUSE, or a spell of refusing everything
@@ -1304,9 +1314,9 @@ class Quota:
         no Retry-After: STARVED_SHARE of the time it has refused so far
         (PROBE_FIRST at least). When its long windows have a known period
         (see PERIOD_SLACK), until just before the next is due, then steps
-        of PERIOD_SLACK x the period until a quarter period past it. The
-        last opening may have been found late by its spread: the steps begin
-        that much earlier."""
+        of PERIOD_SLACK x the period (or a SPREAD_STEPS-th of the spread)
+        until a quarter period past it. The last opening may have been found
+        late by its spread: the steps begin that much earlier."""
         pause = max(PROBE_FIRST, STARVED_SHARE * (now - self.starved_since))
         if self.period is None:
             return pause
@@ -1315,7 +1325,7 @@ class Quota:
         if now < early:
             return early - now
         if now < due + STARVED_SHARE * self.period:
-            return min(pause, max(PROBE_FIRST, PERIOD_SLACK * self.period))
+            return max(PROBE_FIRST, PERIOD_SLACK * self.period, self.spread / SPREAD_STEPS)
         return pause
 
     def spent(self) -> bool:

@@ -1991,7 +1991,7 @@ def test_a_host_that_answers_at_once_grows_as_if_each_round_trip_took_slow_start
     answers(host, [0.001 * k for k in range(1, 13)])  # 12 answers within 12 ms
     # grown by half a request a success, it would have 10 in flight, all refused when a burst runs out
     assert host.limit == pytest.approx(redrive.slow_start_limit(0.012)) and int(host.limit) == 4
-    answers(host, [0.1])  # two rounds later it grows by half a request again
+    answers(host, [0.1])  # a few rounds later it grows by half a request again
     assert host.limit == pytest.approx(redrive.slow_start_limit(0.012) + redrive.SLOW_START_STEP)
 
 
@@ -2435,6 +2435,17 @@ def test_probes_wait_for_the_next_long_window_once_its_period_is_known():
     assert host.quota.probe_pause(10.5) == pytest.approx(early - 10.5)  # until just before the next may open
     assert host.quota.probe_pause(early + 0.01) == pytest.approx(slack)  # then small steps
     assert host.quota.probe_pause(23.0) == pytest.approx(0.25 * 12.5)  # a quarter period late: as before
+
+
+def test_probes_across_a_wide_spread_step_by_an_eighth_of_it_not_by_the_slack():
+    quota = redrive.Quota(starved_since=21.4, opened=20.0, period=10.0)
+    quota.spread = 0.5  # the last opening was found within half a second: small steps
+    assert quota.probe_pause(21.4) == pytest.approx(30.0 - 0.2 - 0.5 - 21.4)  # until just before the next
+    assert quota.probe_pause(29.5) == pytest.approx(redrive.PERIOD_SLACK * 10.0)
+    # found by a probe whose pause ended after it opened, 7.6 s after the last refusal: the steps begin
+    # that much earlier, and are 8 over the spread (by the slack, 0.2 s, they cost 45 refusals in one run)
+    quota.spread = 7.6
+    assert quota.probe_pause(22.3) == pytest.approx(7.6 / redrive.SPREAD_STEPS)
 
 
 def test_a_pause_inside_the_second_marks_a_quota_window_for_the_cut():
