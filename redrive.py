@@ -1386,9 +1386,10 @@ class Host:
     after its last reaction is a new one: the pause its Retry-After asks for,
     the cut (see CUT_FACTOR) and half the concurrency; or, when nothing was
     accepted since the last reaction and there is no Retry-After, a probe
-    pause (see PROBE_FIRST), and a first guess falls (see OVERSHOOT). Throttles of requests in flight at a reaction
-    are part of it. Until its first reaction a host is in slow start (see
-    START_LIMIT); after it, each success adds 1 / limit. A host that
+    pause (see PROBE_FIRST), and a first guess falls (see OVERSHOOT).
+    Throttles of requests in flight at a reaction are part of it. Until its
+    first reaction a host is in slow start (see START_LIMIT and
+    SLOW_START_ROUND); after it, each success adds 1 / limit. A host that
     DOWN_AFTER requests in a row never reached is down: one probe at a time,
     each after a longer pause, until any answer comes back (see unreachable).
     """
