@@ -2281,6 +2281,23 @@ def test_a_limit_with_no_burst_well_past_its_limit_keeps_the_pace_it_took_at_the
     assert host.pace.peak == pytest.approx(10 / redrive.GUESS_SPAN) and host.pace.rate == host.pace.peak
 
 
+def test_after_the_hosts_throttle_it_gets_one_request_at_a_time_until_it_takes_one_sent_after():
+    host = redrive.Host(limit=8.0, cap=8)
+    answers(host, [n / 100 for n in range(1, 21)])
+    host.start(0.2)  # in flight at the cut
+    answers(host, [0.21, 0.22, 0.23, 0.24], kind="throttle")  # the cut: concurrency 4
+    host.start(0.3)
+    # a window that ran out refuses all that is in flight: a full gate would send a round trip's worth more
+    assert host.limit >= 4 and host.opens_at(0.3) is None
+    host.succeeded(0.31, 8, sent=0.2)  # taken, but sent before the cut: nothing about the pace after it
+    assert host.opens_at(0.31) is None
+    host.succeeded(0.32, 8, sent=0.3)
+    for _ in range(int(host.limit)):  # the host took a request sent after the cut: the gate opens wide again
+        assert host.opens_at(0.4) is not None
+        host.start(0.4)
+    assert host.opens_at(0.4) is None
+
+
 def test_a_host_that_refuses_everything_after_the_cut_is_probed_one_at_a_time():
     host = redrive.Host(limit=8.0, cap=8)
     answers(host, [n / 100 for n in range(1, 51)])
