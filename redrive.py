@@ -183,7 +183,7 @@ SLOW_START_STEP = 0.5
 #: ms in, and all of them were refused (nginx's 10 r/s, burst 5: 7; 100
 #: r/s, burst 20: 14); now 5 or 6 are. (In 45-id runs of 10 r/s burst 5,
 #: 7 refusals in each of four with 20 ms; 6, 6, 6 and 7 with 30 ms; 6 or 7
-#: with 50 ms, which also slowed the start of a host answering in 20 ms.)
+#: with 50 ms, which would also slow the start of a host answering in 20 ms.)
 #: At this latency or more nothing changes; below it, 32 in flight takes
 #: 0.15 s, not 6 round trips.
 SLOW_START_ROUND = 0.03
