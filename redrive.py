@@ -1485,11 +1485,11 @@ class Host:
             self.paused_until = max(self.paused_until, now + wait(self.probes + 1))
         return self.down_since is not None
 
-    def succeeded(self, now: float, ceiling: int, sent: Optional[float] = None) -> None:
-        """Any answer but a throttle (to a request sent at `sent`, or now):
-        the host keeps up, so the pace may grow."""
+    def succeeded(self, now: float, sent: float, ceiling: int) -> None:
+        """Any answer but a throttle, to a request sent at `sent`: the host
+        keeps up, so the pace may grow."""
         spell = self.quota.starved_since is not None
-        self.taken_sent = max(self.taken_sent, now if sent is None else sent)
+        self.taken_sent = max(self.taken_sent, sent)
         self.answered(now, Answer.OK)
         if self.slow_start:
             grown = min(self.limit + SLOW_START_STEP, slow_start_limit(now - self.first_sent))
@@ -1610,7 +1610,7 @@ def slow_start_limit(elapsed: float) -> float:
     """The most a host in slow start may have in flight `elapsed` seconds
     after its first request: START_LIMIT * (1 + SLOW_START_STEP) ** (elapsed
     / SLOW_START_ROUND), as if each round trip took SLOW_START_ROUND at least."""
-    return START_LIMIT * (1.0 + SLOW_START_STEP) ** min(elapsed / SLOW_START_ROUND, 64.0)
+    return START_LIMIT * (1.0 + SLOW_START_STEP) ** min(elapsed / SLOW_START_ROUND, 64.0)  # no float overflow
 
 
 def guess_floor(span: float) -> float:
@@ -3189,7 +3189,7 @@ class Settler:
         if out.status in THROTTLE_STATUSES and out.bucket is Bucket.RETRYABLE:  # not if --skip or --fatal names it
             return self._throttled(host, item, out, now)
         elif out.status is not None:
-            host.succeeded(now, self.cfg.concurrency, item.sent)  # a 404 or a 500 is no "slow down" either
+            host.succeeded(now, item.sent, self.cfg.concurrency)  # a 404 or a 500 is no "slow down" either
         else:
             host.answered(now, Answer.OTHER)  # no answer at all (a timeout, a dropped connection): no growth
         return False

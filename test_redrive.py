@@ -1962,7 +1962,7 @@ def answers(host, times, kind="ok"):
     for t in times:
         host.start(t - 0.001)
         if kind == "ok":
-            host.succeeded(t, host.cap)
+            host.succeeded(t, t - 0.001, host.cap)
         else:
             host.throttled(t, t - 0.001, None, 60.0)
 
@@ -1980,7 +1980,7 @@ def test_a_new_host_starts_slow_and_grows_by_half_a_round_trip_until_its_first_t
     assert host.throttled(0.213, 0.203, None, 60.0)  # the fourth in a row: the host's
     assert not host.slow_start and host.limit == 3.5
     host.start(0.8)
-    host.succeeded(0.81, 32)
+    host.succeeded(0.81, 0.8, 32)
     assert host.limit == pytest.approx(3.5 + 1 / 3.5)  # after the cut: 1 / limit a success
 
 
@@ -2176,7 +2176,7 @@ def test_after_a_cut_the_rate_climbs_back_along_a_cubic():
     host = redrive.Host(limit=4.0, cap=8, reacted_at=10.0, pace=redrive.Pace(rate=45.0, peak=50.0))
     for t, rate in ((12.0, 49.375), (14.0, 50.0), (18.0, 55.0)):
         host.start(t)
-        host.succeeded(t, 8)
+        host.succeeded(t, t, 8)
         assert host.pace.rate == pytest.approx(rate)
 
 
@@ -2289,9 +2289,9 @@ def test_after_the_hosts_throttle_it_gets_one_request_at_a_time_until_it_takes_o
     host.start(0.3)
     # a window that ran out refuses all that is in flight: a full gate would send a round trip's worth more
     assert host.limit >= 4 and host.opens_at(0.3) is None
-    host.succeeded(0.31, 8, sent=0.2)  # taken, but sent before the cut: nothing about the pace after it
+    host.succeeded(0.31, 0.2, 8)  # taken, but sent before the cut: nothing about the pace after it
     assert host.opens_at(0.31) is None
-    host.succeeded(0.32, 8, sent=0.3)
+    host.succeeded(0.32, 0.3, 8)
     for _ in range(int(host.limit)):  # the host took a request sent after the cut: the gate opens wide again
         assert host.opens_at(0.4) is not None
         host.start(0.4)
@@ -2313,7 +2313,7 @@ def test_a_host_that_refuses_everything_after_the_cut_is_probed_one_at_a_time():
     assert host.quota.starved_for(2.71) == pytest.approx(2.0)
     assert host.paused_until == pytest.approx(2.71 + 0.5)  # a quarter of the time refused so far
     host.start(3.3)
-    host.succeeded(3.31, 8)
+    host.succeeded(3.31, 3.3, 8)
     assert host.quota.starved_for(3.31) == 0.0 and host.opens_at(3.31) is not None
 
 
@@ -2346,7 +2346,7 @@ def test_a_short_window_with_no_retry_after_sets_the_pace_as_soon_as_the_next_on
     spend_window(host, 0.0, 50)  # the run's first window: 50 taken, then refused until 1.02
     assert host.pace.rate > 50  # so far a guess from the burst's own pace
     host.start(1.02)
-    host.succeeded(1.03, 8)  # the probe finds the next window open
+    host.succeeded(1.03, 1.02, 8)  # the probe finds the next window open
     # the window just closed took 50 from the first answer to this one: the next is sent at that pace
     assert host.pace.peak == pytest.approx(50 / 1.03) and host.pace.rate == pytest.approx(0.9 * 50 / 1.03)
 
@@ -2361,7 +2361,7 @@ def test_a_host_that_sends_a_retry_after_is_not_measured_by_its_spells():
         host.start(1.07)
         host.throttled(t, 1.07, None, 60.0)
     host.start(1.6)
-    host.succeeded(1.61, 8)
+    host.succeeded(1.61, 1.6, 8)
     assert host.quota.closed_window(host.first_answer) is not None  # the spell looks like a window's end...
     assert host.pace.peak == peak  # ...but the pace stays what the Retry-After measured
 
@@ -2406,7 +2406,7 @@ def test_a_long_window_allows_next_time_what_it_took_then_one_request_at_a_time(
     assert not host.quota.spent()
     host.start(62.0)  # the 30th
     assert host.quota.spent() and host.opens_at(62.0) is None  # one at a time now: the 30th is in flight
-    host.succeeded(62.01, 8)
+    host.succeeded(62.01, 62.0, 8)
     assert host.opens_at(63.0) == 63.0
     host.start(63.0)
     assert host.opens_at(63.0) is None
@@ -2724,7 +2724,7 @@ def test_a_lower_bound_climbs_in_a_straight_line_and_a_tripped_window_is_not_cli
     peak = 10 / 1.103
     climb = []
     for t in (0.103, 1.103, 4.103, 10.103):  # seconds after the cut, at the fourth refusal
-        host.succeeded(t, host.cap)
+        host.succeeded(t, t - 0.01, host.cap)
         climb.append(host.pace.rate / peak)
     assert climb == pytest.approx([1.0, 1.05, 1.2, 1.5])  # LOWER_CLIMB of the lower bound a second
     answers(host, [11.2 + n / 30 for n in range(30)])  # a whole second of answers at the rate climbed to
