@@ -337,12 +337,13 @@ LOWER_CLIMB = 0.05
 #: the window's end is found late by a quarter at most. Once the host has
 #: refused everything for STARVED_FOR x --max-backoff, its throttles count
 #: against the ids again: a host that refuses all for ever cannot keep a run alive.
-#: Even before that, until the host takes a request sent after its last
-#: reaction, it gets one at a time: a window that ran out refuses all that
-#: is in flight, and a gate open to half the concurrency sent a round trip's
-#: worth more at the cut pace before the first of them was refused (600 per
-#: 10 s: 71 to 77 refusals in a run, 59 and 60 now; 100 a second: 50 to 52,
-#: 39 to 42 now).
+#: Even before that, until a request sent after its last reaction gets
+#: anything but a throttle (an answer, or none: a timeout must not hold the
+#: gate shut), it gets one at a time: a window that ran out refuses all
+#: that is in flight, and a gate open to half the concurrency sent a round
+#: trip's worth more at the cut pace before the first of them was refused
+#: (600 per 10 s: 71 to 77 refusals in a run, 59 and 60 now; 100 a second:
+#: 50 to 52, 39 to 42 now).
 PROBE_FIRST = 0.1
 
 #: Long windows with no Retry-After come round at a period: from one window's
@@ -1413,7 +1414,7 @@ class Host:
     window_start: float = float("-inf")  #: when the last Retry-After pause ended
     first_answer: float = float("inf")
     last_ok: float = float("-inf")  #: the last answer that was not a throttle
-    taken_sent: float = float("-inf")  #: when the last request it took left (see PROBE_FIRST)
+    passed_sent: float = float("-inf")  #: when the last request it did not throttle left (see PROBE_FIRST)
     recent: deque = field(default_factory=deque)  #: (time, kind) of the last second's answers, PACE_ANSWERS at least
     run: int = 0  #: throttles in a row
     quota: Quota = field(default_factory=Quota)  #: its windows, spells of refusals and allowance
@@ -1425,7 +1426,7 @@ class Host:
 
     def opens_at(self, now: float) -> Optional[float]:
         """When the gate lets the next request through: now, later, or None (full)."""
-        one = self.quota.starved_since is not None or self.quota.spent() or self.taken_sent < self.reacted_at
+        one = self.quota.starved_since is not None or self.quota.spent() or self.passed_sent < self.reacted_at
         ceiling = 1 if one else min(self.cap, int(self.limit))
         if self.inflight >= ceiling:
             return None
@@ -1453,6 +1454,12 @@ class Host:
         elif kind is Answer.OK:
             self.quota.accepted(now, self.first_answer, self.reacted_at)
             self.run, self.last_ok = 0, now
+
+    def unanswered(self, now: float, sent: float) -> None:
+        """A request sent at `sent` that reached the host and got no answer (a
+        timeout, a dropped connection): no growth, but no throttle either."""
+        self.answered(now, Answer.OTHER)
+        self.passed_sent = max(self.passed_sent, sent)
 
     def forgettable(self, now: float, ceiling: int) -> bool:
         """Idle and as a new host would be: nothing is lost by dropping it."""
@@ -1489,7 +1496,7 @@ class Host:
         """Any answer but a throttle, to a request sent at `sent`: the host
         keeps up, so the pace may grow."""
         spell = self.quota.starved_since is not None
-        self.taken_sent = max(self.taken_sent, sent)
+        self.passed_sent = max(self.passed_sent, sent)
         self.answered(now, Answer.OK)
         if self.slow_start:
             grown = min(self.limit + SLOW_START_STEP, slow_start_limit(now - self.first_sent))
@@ -3191,7 +3198,7 @@ class Settler:
         elif out.status is not None:
             host.succeeded(now, item.sent, self.cfg.concurrency)  # a 404 or a 500 is no "slow down" either
         else:
-            host.answered(now, Answer.OTHER)  # no answer at all (a timeout, a dropped connection): no growth
+            host.unanswered(now, item.sent)
         return False
 
     def _throttled(self, host: Host, item: Item, out: Outcome, now: float) -> bool:

@@ -2298,6 +2298,17 @@ def test_after_the_hosts_throttle_it_gets_one_request_at_a_time_until_it_takes_o
     assert host.opens_at(0.4) is None
 
 
+def test_after_the_hosts_throttle_a_timeout_opens_the_gate_as_an_answer_does():
+    host = redrive.Host(limit=8.0, cap=8)
+    answers(host, [n / 100 for n in range(1, 21)])
+    host.start(0.2)  # in flight at the cut
+    answers(host, [0.21, 0.22, 0.23, 0.24], kind="throttle")  # the cut
+    host.start(0.3)
+    assert host.opens_at(0.3) is None
+    host.unanswered(0.31, 0.3)  # no answer at all, but no throttle: a host that hangs must not hold it at one
+    assert host.inflight == 1 and host.opens_at(0.31) is not None
+
+
 def test_a_host_that_refuses_everything_after_the_cut_is_probed_one_at_a_time():
     host = redrive.Host(limit=8.0, cap=8)
     answers(host, [n / 100 for n in range(1, 51)])
