@@ -1595,7 +1595,7 @@ def pace_taken(host: Host, now: float, before: float, wait: Optional[float]) -> 
 
 
 def hosts_throttle(recent: deque, run: int, paced: bool, status: int, wait: Optional[float],
-                   at_once: bool = False) -> bool:
+                   at_once: bool) -> bool:
     """Whether a throttle is the host's, from its last answers (`recent`, the
     last one this throttle) and the throttles in a row (`run`); `at_once`: a
     plain 429 of a paced host is (its limit has a burst, or its rate is still

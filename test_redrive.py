@@ -2124,10 +2124,11 @@ def test_a_cut_where_the_host_refused_a_tenth_or_less_is_below_the_pace_sent_if_
     assert host.pace.peak == pytest.approx(peak) and host.pace.rate == pytest.approx(redrive.JITTER_CUT * peak)
 
 
-def slow_limit(refused, sent=10.7):
-    """A host paced at `sent` r/s by a limit with no burst, whose slots up to the 39th were answered,
+def slow_limit(refused):
+    """A host paced at 10.7 r/s by a limit with no burst, whose slots up to the 39th were answered,
     those in `refused` with a plain 429 (as if sent before the last reaction); the 40th sent, and
     the time it was."""
+    sent = 10.7
     host = redrive.Host(limit=8.0, cap=8, reacted_at=-5.0,
                         pace=redrive.Pace(rate=sent, peak=sent, tight=True, plateau=30.0))
     host.first_answer = 0.0
