@@ -101,7 +101,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum, IntEnum
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 from urllib.parse import quote, quote_plus, urlsplit, urlunsplit
 
 try:
@@ -1656,10 +1656,9 @@ def cubic_pace(elapsed: float, plateau: float = PLATEAU) -> float:
 HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 
 
-def read_ids(path: Path, as_map: bool = False) -> tuple:
+def read_ids(path: Path) -> tuple:
     """(unique ids in file order, number of duplicate lines, the set of them)
-    from IDS_FILE; with as_map, {id: id} instead of the set, for sharing the
-    very same strings."""
+    from IDS_FILE."""
     try:
         mode = os.stat(path).st_mode
         if stat.S_ISDIR(mode):
@@ -1682,7 +1681,7 @@ def read_ids(path: Path, as_map: bool = False) -> tuple:
     del data
     lines = id_lines(text)
     del text
-    unique = dict(zip(lines, lines)) if as_map else set(lines)
+    unique = set(lines)
     if not unique:
         raise RedriveError(f"{path}: no ids in it; put one id per line ('#' lines are comments)")
     ids = lines if len(unique) == len(lines) else list(dict.fromkeys(lines))
@@ -2077,32 +2076,24 @@ def checked_record(path: Path, number: int, line: bytes) -> dict:
     return record
 
 
-def load_state(state_dir: Path, repair: bool = True, wanted: Optional[dict] = None,
-               strangers: Optional[set] = None, undone: Optional[set] = None) -> State:
+def load_state(state_dir: Path, repair: bool = True, undone: Optional[set] = None,
+               done: bool = True) -> State:
     """Repair what a kill can leave (unless only looking), then read who is
-    done, failed and unavailable. With wanted (the input ids, each mapped to
-    itself), done keeps only those, as the very same string objects: a
-    million done ids then cost a set, not a second copy of every string;
-    the done ids it leaves out go to strangers, if given. With undone (the
-    input ids, a set: a run's way), that set is cut down to the ids with no
-    done line and becomes state.undone, and done starts empty: a run asks
-    only about the ids it has still to do, and a million done ids cost it
-    nothing but the time to read them."""
+    done, failed and unavailable. With undone (the input ids, a set: a run's
+    way), that set is cut down to the ids with no done line and becomes
+    state.undone, and done starts empty: a run asks only about the ids it
+    has still to do, and a million done ids cost it nothing but the time to
+    read them. With done=False, done.txt is left for the caller to read."""
     state = State()
     for name in STATE_FILES if repair else ():
         note = repair_torn_tail(state_dir / name)
         if note:
             state.repairs.append(note)
-    try:
-        if undone is not None:
-            state.undone = undone
-            cut_done(state_dir / "done.txt", undone)
-        else:
-            state.done = read_done(state_dir / "done.txt", wanted, strangers)
-    except FileNotFoundError:
-        pass
-    except (OSError, UnicodeDecodeError):
-        raise RedriveError(f"{state_dir / 'done.txt'}: not readable as redrive's UTF-8 id list; move it away") from None
+    if undone is not None:
+        state.undone = undone
+        read_done(state_dir, lambda path: cut_done(path, undone))
+    elif done:
+        state.done = set(read_done(state_dir, done_in_order) or ())
     for record in read_records(state_dir / "failed.jsonl"):
         state.failed[record["id"]] = record
     for record in read_records(state_dir / "unavailable.jsonl"):
@@ -2110,20 +2101,22 @@ def load_state(state_dir: Path, repair: bool = True, wanted: Optional[dict] = No
     return state
 
 
-def read_done(path: Path, wanted: Optional[dict], strangers: Optional[set] = None) -> set:
-    """The ids of done.txt's complete lines (only those in wanted, if given;
-    the others then go to strangers, if given)."""
-    if wanted is None:
-        data = path.read_bytes()
-        return set(data[:data.rfind(b"\n") + 1].decode("utf-8").split("\n")[:-1])
-    done = set()
-    for lines in done_lines(path):
-        shared = list(map(wanted.get, lines))
-        done.update(shared)
-        if strangers is not None and None in shared:
-            strangers.update(line for line, mine in zip(lines, shared) if mine is None)
-    done.discard(None)
-    return done
+def read_done(state_dir: Path, reader: Callable[[Path], Any]) -> Any:
+    """What reader makes of STATE_DIR/done.txt: None if there is none yet,
+    a one-line error if it is not redrive's UTF-8 id list."""
+    path = state_dir / "done.txt"
+    try:
+        return reader(path)
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError):
+        raise RedriveError(f"{path}: not readable as redrive's UTF-8 id list; move it away") from None
+
+
+def done_in_order(path: Path) -> list:
+    """The ids of done.txt's complete lines, in the order they were written."""
+    data = path.read_bytes()
+    return data[:data.rfind(b"\n") + 1].decode("utf-8").split("\n")[:-1]
 
 
 def cut_done(path: Path, ids: set) -> None:
@@ -3709,23 +3702,16 @@ def stop_lines(tally: Tally, cfg: Config, redact: Redactor) -> list:
 
 def check(ids_file: Path, state_dir: Path, quiet: bool, out) -> ExitCode:
     """--check: reconcile IDS_FILE with the state dir. No network, no writes:
-    absence is only visible against the full expected set, so here it is.
-    Built for a million ids: done shares the input's strings, results are
-    read without a JSON parse per line, and only small sets are combined."""
-    ids, duplicates, canonical = read_ids(ids_file, as_map=True)
+    absence is only visible against the full expected set, so here it is."""
+    ids, duplicates, undone = read_ids(ids_file)
     total, keyed = len(ids), keyed_ids_warning(ids)
-    del ids  # canonical has them all: one list less at the peak
+    del ids  # undone has them all: one list less at the peak
     torn = [name for name in STATE_FILES if has_torn_tail(state_dir / name)]
-    done_strangers = set()
-    state = load_state(state_dir, repair=False, wanted=canonical, strangers=done_strangers)
-    results = result_ids(state_dir / "results.jsonl")
-    strangers = done_strangers | {i for i in (*state.failed, *state.unavailable) if i not in canonical}
-    undone = results - state.done - done_strangers  # set arithmetic: a million ids in C, not in a loop
-    strangers.update(i for i in undone if i not in canonical)  # a result is done, or it is one of these
-    problems = {"done ids without a result line": sorted((state.done - results) | (done_strangers - results)),
-                "result lines without a done line": sorted(undone),
+    state = load_state(state_dir, repair=False, done=False)
+    strangers, no_result, no_done = reconcile(state_dir, state, undone)
+    problems = {"done ids without a result line": no_result, "result lines without a done line": no_done,
                 "torn last lines": torn}
-    counts = state_counts(total, state, canonical)
+    counts = state_counts(total, state)
     lines = [f"redrive check: {ids_file} ({total} ids) against {state_dir}"]
     if keyed:
         lines.append(f"  warning: {keyed}")
@@ -3743,13 +3729,58 @@ def check(ids_file: Path, state_dir: Path, quiet: bool, out) -> ExitCode:
     return code
 
 
-def state_counts(total: int, state: State, wanted: dict) -> Counter:
+def reconcile(state_dir: Path, state: State, undone: set) -> tuple:
+    """(ids in the state that the input does not list, done ids without a
+    result line, result lines without a done line; both sorted), and
+    state.undone: undone (the input ids) less those with a done line.
+    redrive writes results.jsonl and done.txt in lockstep, a result line and
+    then its done line, so in a state it wrote both list the same ids in the
+    same order: one comparison, a block at a time, stands in for a second
+    set of a million ids and two subtractions. Set work is in C throughout."""
+    results = result_ids(state_dir / "results.jsonl")
+    recorded = itertools.chain(state.failed, state.unavailable, results)
+    strangers = set(itertools.filterfalse(undone.__contains__, recorded))
+    state.undone = undone
+    if read_done(state_dir, lambda path: in_lockstep(path, results)):
+        undone.difference_update(results)
+        return strangers, [], []
+    results = set(results)
+    apart = read_done(state_dir, lambda path: unpaired(path, results, undone, strangers))
+    return (strangers, *apart) if apart else (strangers, [], sorted(results))
+
+
+def in_lockstep(path: Path, results: list) -> bool:
+    """Whether done.txt's complete lines are the ids of results, in order.
+    A block at a time: done's million strings never sit in memory at once."""
+    at = 0
+    for lines in done_lines(path):
+        if lines != results[at:at + len(lines)]:
+            return False
+        at += len(lines)
+    return at == len(results)
+
+
+def unpaired(path: Path, results: set, undone: set, strangers: set) -> tuple:
+    """done.txt against results out of lockstep: (done ids without a result
+    line, result ids without a done line; both sorted). Adds done's ids that
+    the input (undone, still whole) does not list to strangers, then takes
+    every done id out of undone."""
+    no_result, no_done = set(), set(results)
+    for lines in done_lines(path):
+        strangers.update(itertools.filterfalse(undone.__contains__, lines))
+        no_result.update(itertools.filterfalse(results.__contains__, lines))
+        no_done.difference_update(lines)
+    cut_done(path, undone)
+    return sorted(no_result), sorted(no_done)
+
+
+def state_counts(total: int, state: State) -> Counter:
     """How many input ids are done, unavailable, failed and pending (in that
-    order of precedence), from the small records and the size of done."""
-    counts = Counter(done=len(state.done))  # done holds input ids only (load_state's wanted)
-    counts["unavailable"] = sum(1 for i in state.unavailable if i in wanted and i not in state.done)
-    counts["failed"] = sum(1 for i in state.failed if i in wanted and i not in state.done and
-                           i not in state.unavailable)
+    order of precedence), from the small records and the size of undone (the
+    input ids with no done line)."""
+    counts = Counter(done=total - len(state.undone))
+    counts["unavailable"] = sum(1 for i in state.unavailable if i in state.undone)
+    counts["failed"] = sum(1 for i in state.failed if i in state.undone and i not in state.unavailable)
     counts["pending"] = total - counts["done"] - counts["unavailable"] - counts["failed"]
     return counts
 
@@ -3760,12 +3791,12 @@ RESULT_LINE = re.compile(r'^\{"id":"([^"\\\n]*)","url":"[^\n]*?","status":\d{3},
                          re.M)
 
 
-def result_ids(path: Path, canonical: Optional[dict] = None) -> set:
-    """The ids of every complete line of results.jsonl. A block whose every
-    line has the shape redrive writes is read with one regular expression; any
-    other block goes line by line through read_records' full check. With
-    canonical, the ids share the input's strings."""
-    ids, number = set(), 0
+def result_ids(path: Path) -> list:
+    """The ids of every complete line of results.jsonl, in file order. A
+    block whose every line has the shape redrive writes is read with one
+    regular expression; any other block goes line by line through
+    read_records' full check."""
+    ids, number = [], 0
     try:
         fh = open(path, "rb")
     except FileNotFoundError:
@@ -3781,7 +3812,7 @@ def result_ids(path: Path, canonical: Optional[dict] = None) -> set:
             if len(found) != block.count(b"\n") or "\ufffd" in text:
                 found = [record["id"] for record in records_of(path, block, number)]
             number += block.count(b"\n")
-            ids.update(found if canonical is None else (canonical.get(i, i) for i in found))
+            ids += found
     return ids
 
 

@@ -1554,6 +1554,46 @@ def test_check_exits_0_when_every_id_is_settled_and_consistent(server, tmp_path)
     assert code == ExitCode.OK and out.getvalue() == ""
 
 
+def check_text(ids_file):
+    out = io.StringIO()
+    code = redrive.main([str(ids_file), "--check"], out=out, err=io.StringIO(), environ={})
+    return code, out.getvalue()
+
+
+def test_check_counts_a_result_the_input_does_not_list_as_a_stranger_when_the_files_agree(server, tmp_path):
+    crawl(server, tmp_path, ["a", "b", "x"])  # results and done in lockstep: a, b, x
+    code, text = check_text(write_ids(tmp_path, ["a", "b", "c"]))
+    assert code == ExitCode.INCOMPLETE
+    assert summary_count(text, "done") == 2 and summary_count(text, "pending") == 1
+    assert summary_count(text, "not in input") == 1 and "the state is consistent" in text
+
+
+def test_check_finds_a_done_file_in_another_order_or_with_a_line_twice_consistent(server, tmp_path):
+    ids = ["a", "b", "c", "d"]
+    crawl(server, tmp_path, ids)
+    done = tmp_path / "ids.redrive" / "done.txt"
+    done.write_text("d\nb\nc\na\nb\n")  # out of lockstep with results.jsonl, the same ids
+    code, text = check_text(tmp_path / "ids.txt")
+    assert code == ExitCode.OK and summary_count(text, "done") == 4 and summary_count(text, "pending") == 0
+    assert "the state is consistent" in text
+    done.write_text("d\nb\nc\nz\n")  # a lost a's done line; z is done with no result, and no input line
+    code, text = check_text(tmp_path / "ids.txt")
+    assert summary_count(text, "done") == 3 and summary_count(text, "pending") == 1
+    assert summary_count(text, "not in input") == 1
+    assert "done ids without a result line: 1 (z)" in text and "result lines without a done line: 1 (a)" in text
+
+
+def test_lockstep_compares_done_with_results_across_blocks_to_the_last_line(tmp_path):
+    ids = [f"id{n:07d}" for n in range(200_000)]  # 2 MB of done lines: more than one read block
+    done = tmp_path / "done.txt"
+    done.write_text("".join(f"{i}\n" for i in ids))
+    assert done.stat().st_size > 16 * redrive.READ_CHUNK
+    assert redrive.in_lockstep(done, ids)
+    assert not redrive.in_lockstep(done, ids[:-1]) and not redrive.in_lockstep(done, ids + ["one more"])
+    swapped = ids[:150_000] + [ids[150_001], ids[150_000]] + ids[150_002:]  # in the second block
+    assert not redrive.in_lockstep(done, swapped)
+
+
 # ------------------------------------------------------------ bad state, disk
 
 
