@@ -197,7 +197,8 @@ SLOW_START_ROUND = 0.03
 #: so is a plain one when its limit has a burst (see FAST_GROWTH): a burst
 #: absorbs jitter, so its refusal says it ran dry (waiting for a second one
 #: cost nginx's 10 r/s, burst 5 a refusal more at each cut); or when its rate
-#: is still growing fast (it has just crossed the limit). Otherwise a plain
+#: is still growing fast (it has just crossed the limit), or is half a
+#: first guess the host refused (see OVERSHOOT). Otherwise a plain
 #: 429 is the host's from PACED_RUN and PACED_SHARE of 429s on (its 503s are
 #: outages, not its limit), over SHARE_WINDOW or its last PACE_ANSWERS
 #: answers (at 10 r/s, SHARE_ANSWERS saw two refusals a second apart as two
@@ -267,7 +268,11 @@ LAG_SHARE = 0.25
 #: unknown: it falls to OVERSHOOT of itself, and the rate is held under it
 #: as after a cut. Falling a tenth or two at a time, as a cut measured
 #: from so few answers does, cost nginx's 10 r/s limits two refusals more
-#: on the way down (20, 13.6, 8.6 r/s); now none (20, then 9 r/s).
+#: on the way down (20, 13.6, 8.6 r/s); now none (20, then 9 r/s). Half a
+#: guess is not a measure either: until the next cut, a plain 429 of a limit
+#: with no burst is the host's at once, as while the rate grows fast (the
+#: climb toward a halved guess that hit nginx's 10 r/s limit cost a second
+#: refusal at each run's first cut, waiting for PACED_RUN).
 OVERSHOOT = 0.5
 
 #: A Retry-After of SHORT_PAUSE seconds or less ends a short quota window
@@ -1220,6 +1225,7 @@ class Pace:
     plateau: float = PLATEAU  #: seconds the cubic stays near the peak: longer after a pause
     steady_cuts: int = 0  #: cuts in a row at about the same peak
     fast: bool = False  #: the first cut's guess stands: the rate grows by FAST_GROWTH an answer
+    halved: bool = False  #: the peak is half a first guess the host refused: no measure yet (see OVERSHOOT)
     tight: bool = False  #: the first burst was refused but one request: a limit with no burst
     lower: bool = False  #: the peak is a lower bound: the rate climbs by LOWER_CLIMB of it a second
     windowed: bool = False  #: the host's limit is a window: a late slot is made up (see WINDOW_MARGIN)
@@ -1241,7 +1247,7 @@ class Pace:
         `lower`: measured up to a pause's end, a lower bound (see WINDOW_MARGIN);
         `plain`: the throttle came with no Retry-After (see JITTER_CUT);
         `calm`: the host refused THROTTLE_SHARE or less of its last second too."""
-        previous, jitter, lagging = self.peak, False, False
+        previous, jitter, lagging, self.halved = self.peak, False, False, False
         if self.rate is None:  # a burst's own pace: a guess (see FAST_GROWTH)
             took = answers + refused if answers <= 1 else answers
             self.peak, self.fast, self.tight = max(took, 1) / max(GUESS_SPAN, span), guess, answers <= 1
@@ -1275,7 +1281,7 @@ class Pace:
     def overshot(self) -> None:
         """The first guess was refused before the host took a request sent
         at it: over the limit (see OVERSHOOT)."""
-        self.peak, self.fast = OVERSHOOT * self.peak, False
+        self.peak, self.fast, self.halved = OVERSHOOT * self.peak, False, True
         self.rate = max(MIN_RATE, CUT_FACTOR * self.peak)
         self.plateau = probe_plateau(self.peak)
 
@@ -1529,7 +1535,7 @@ class Host:
         """Is this throttle the host's limit? See HOST_RUN."""
         if self.quota.starved_since is not None or self.quota.spent():  # refusing everything, or the allowance is spent
             return True
-        at_once = self.pace.fast or not self.pace.tight  # see THROTTLE_STATUSES
+        at_once = self.pace.fast or self.pace.halved or not self.pace.tight  # see THROTTLE_STATUSES and OVERSHOOT
         return hosts_throttle(self.recent, self.run, bool(self.pace.rate), status, wait, at_once)
 
     def react(self, now: float, wait: Optional[float], cap: float) -> None:
@@ -1599,7 +1605,7 @@ def hosts_throttle(recent: deque, run: int, paced: bool, status: int, wait: Opti
     """Whether a throttle is the host's, from its last answers (`recent`, the
     last one this throttle) and the throttles in a row (`run`); `at_once`: a
     plain 429 of a paced host is (its limit has a burst, or its rate is still
-    doubling). See HOST_RUN."""
+    doubling, or it is half a guess). See HOST_RUN."""
     limits = paced and status == 429  # a host known to limit says "too fast" with a 429
     if limits and (wait is not None or at_once):
         return True

@@ -2248,6 +2248,23 @@ def test_a_first_guess_refused_before_the_host_took_a_request_sent_at_it_falls_b
     assert host.pace.peak == pytest.approx(10.0) and host.paused_until > 0.2
 
 
+def test_while_the_pace_is_half_a_refused_guess_one_plain_429_of_a_limit_with_no_burst_is_the_hosts():
+    host = redrive.Host(limit=4.0, cap=32, slow_start=True)
+    answers(host, [0.001])
+    answers(host, [0.002, 0.003, 0.004, 0.005], kind="throttle")  # no burst: a guess of 20 r/s
+    answers(host, [0.06], kind="throttle")  # refused at it: halved to 10, no measure yet
+    answers(host, [0.2 + 0.11 * k for k in range(30)])  # the climb toward the halved guess
+    rate = host.pace.rate
+    answers(host, [3.6], kind="throttle")  # one plain refusal: the limit, not one id's, and it cuts
+    assert host.pace.rate == pytest.approx(redrive.CUT_FACTOR * rate) and not host.pace.halved
+    assert host.reacted_at == 3.6
+    answers(host, [3.8 + 0.11 * k for k in range(30)])
+    answers(host, [7.2], kind="throttle")  # measured since: a plain 429 waits for PACED_RUN again
+    assert host.reacted_at == 3.6
+    answers(host, [7.3], kind="throttle")
+    assert host.reacted_at == 7.3
+
+
 def test_the_fast_growth_ends_at_a_cut_where_the_host_refused_part_of_the_pace():
     host = redrive.Host(limit=8.0, cap=32, slow_start=True)
     answers(host, [0.001 * k for k in range(1, 7)])  # a burst of 6, then "too fast" three times in a row
