@@ -2404,9 +2404,11 @@ def test_a_short_window_with_no_retry_after_is_measured_from_one_opening_to_the_
     host = redrive.Host(limit=8.0, cap=8)
     for opens in (0.0, 1.02, 2.03):  # 50 a second: each burst taken in 50 ms, then refusals
         spend_window(host, opens, 50)
-    # the burst's own pace (1000 r/s) set the first cuts; 50 answers from the opening at 1.02 to
-    # the one at 2.03 are the window's allowance
-    assert host.pace.peak == pytest.approx(50 / 1.01) and host.pace.rate == pytest.approx(0.9 * 50 / 1.01)
+    # the burst's own pace (1000 r/s) set the first cuts; 50 answers from the opening found at 1.02
+    # to the one found at 2.03 are the window's allowance. Each opened after the last refused probe
+    # (0.751 and 1.771): the middle of each gap is taken as the opening
+    period = (1.771 + 2.03) / 2 - (0.751 + 1.02) / 2
+    assert host.pace.peak == pytest.approx(50 / period) and host.pace.rate == pytest.approx(0.9 * 50 / period)
     assert not host.pace.fast
 
 
@@ -2416,8 +2418,10 @@ def test_a_short_window_with_no_retry_after_sets_the_pace_as_soon_as_the_next_on
     assert host.pace.rate > 50  # so far a guess from the burst's own pace
     host.start(1.02)
     host.succeeded(1.03, 1.02, 8)  # the probe finds the next window open
-    # the window just closed took 50 from the first answer to this one: the next is sent at that pace
-    assert host.pace.peak == pytest.approx(50 / 1.03) and host.pace.rate == pytest.approx(0.9 * 50 / 1.03)
+    # the window just closed took 50 from the first answer to this one, which opened after the last
+    # refused probe (0.751): the next is sent at that pace, the opening taken at the gap's middle
+    period = (0.751 + 1.03) / 2
+    assert host.pace.peak == pytest.approx(50 / period) and host.pace.rate == pytest.approx(0.9 * 50 / period)
 
 
 def test_a_host_that_sends_a_retry_after_is_not_measured_by_its_spells():
@@ -2443,13 +2447,20 @@ def test_a_host_that_sends_a_retry_after_is_not_measured_by_its_spells():
 ])
 def test_only_a_spell_that_fills_most_of_the_cycle_measures_a_window(began, taken):
     quota = redrive.Quota()
-    quota.spells.extend([(0.1, 1.0, 0), (began, 2.0, 45)])
+    quota.spells.extend([(0.1, 1.0, 0, 0.0), (began, 2.0, 45, 0.0)])
     assert quota.after_short_spell(before=1.5, now=2.95) == (taken and pytest.approx(taken))
+
+
+def test_a_window_opened_in_the_middle_of_the_gap_before_the_probe_that_found_it():
+    quota = redrive.Quota()
+    # found open 0.2 s and 0.1 s after the last refusal: opened about 0.9 and 1.95, not 1.0 and 2.0
+    quota.spells.extend([(0.1, 1.0, 0, 0.2), (1.1, 2.0, 45, 0.1)])
+    assert quota.after_short_spell(before=1.5, now=2.95) == pytest.approx((45, 0, 1.05, False, 0.9))
 
 
 def test_a_window_measured_long_ago_does_not_set_the_cut_of_a_later_overflow():
     quota = redrive.Quota()
-    quota.spells.extend([(0.1, 1.0, 0), (1.1, 2.0, 45)])  # 45 a window, measured from 1.0 to 2.0
+    quota.spells.extend([(0.1, 1.0, 0, 0.0), (1.1, 2.0, 45, 0.0)])  # 45 a window, measured from 1.0 to 2.0
     assert quota.after_short_spell(before=1.5, now=3.4) == pytest.approx((45, 0, 1.0, False, 0.9))
     # 12 windows later the pace had stayed under 45 a window until it grew past it: that is what to measure
     assert quota.after_short_spell(before=1.5, now=14.0) is None
