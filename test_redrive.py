@@ -1583,6 +1583,19 @@ def test_check_finds_a_done_file_in_another_order_or_with_a_line_twice_consisten
     assert "done ids without a result line: 1 (z)" in text and "result lines without a done line: 1 (a)" in text
 
 
+def test_a_done_file_that_is_not_utf8_is_a_one_line_error_for_a_run_and_for_check(server, tmp_path):
+    crawl(server, tmp_path, ["a", "b"])
+    done = tmp_path / "ids.redrive" / "done.txt"
+    done.write_bytes(b"a\n\xff\xfe\n")  # not redrive's: nothing is rewritten, nothing is sent
+    hits = sum(server.hits.values())
+    for extra in (["--url", server.template], ["--check"]):
+        err = io.StringIO()
+        code = redrive.main([str(tmp_path / "ids.txt"), *extra], out=io.StringIO(), err=err, environ={})
+        [line] = err.getvalue().splitlines()  # one line, no traceback
+        assert code == ExitCode.USAGE and line.endswith("done.txt: not readable as redrive's UTF-8 id list; move it away")
+    assert done.read_bytes() == b"a\n\xff\xfe\n" and sum(server.hits.values()) == hits
+
+
 def test_lockstep_compares_done_with_results_across_blocks_to_the_last_line(tmp_path):
     ids = [f"id{n:07d}" for n in range(200_000)]  # 2 MB of done lines: more than one read block
     done = tmp_path / "done.txt"
