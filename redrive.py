@@ -1247,7 +1247,8 @@ class Pace:
         `lower`: measured up to a pause's end, a lower bound (see WINDOW_MARGIN);
         `plain`: the throttle came with no Retry-After (see JITTER_CUT);
         `calm`: the host refused THROTTLE_SHARE or less of its last second too."""
-        previous, jitter, lagging, self.halved = self.peak, False, False, False
+        previous, jitter, lagging = self.peak, False, False
+        self.halved = False  # a cut measures: the guess's half is gone (see OVERSHOOT)
         if self.rate is None:  # a burst's own pace: a guess (see FAST_GROWTH)
             took = answers + refused if answers <= 1 else answers
             self.peak, self.fast, self.tight = max(took, 1) / max(GUESS_SPAN, span), guess, answers <= 1
