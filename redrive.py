@@ -543,9 +543,11 @@ class Answer(Enum):
     THROTTLE = "throttle"  #: a 429
     BUSY = "busy"  #: a 503
     OTHER = "other"  #: no answer at all: a timeout, a dropped connection
+    AGAIN = "again"  #: a 429 or 503 of an id whose last answer was a throttle of its own (see HOST_RUN)
 
 
-REFUSALS = frozenset({Answer.THROTTLE, Answer.BUSY})  #: the answers that say "not now"
+REFUSALS = frozenset({Answer.THROTTLE, Answer.BUSY, Answer.AGAIN})  #: the answers that say "not now"
+SIGNS = frozenset({Answer.THROTTLE, Answer.BUSY})  #: the refusals that count as signs of the host's limit
 
 
 class Bucket(Enum):
@@ -670,6 +672,7 @@ class Item:
     tries: int = 0
     host: str = ""  #: the origin it is sent to: throttles and caps are per host
     sent: float = -1.0  #: when its last request started (-1: never, in this pass)
+    own_throttle: bool = False  #: its last answer was a throttle of its own, not the host's (see HOST_RUN)
 
 
 @dataclass(frozen=True)
@@ -1461,7 +1464,7 @@ class Host:
         self.recent.append((now, kind))
         while self.recent[0][0] < now - 1.0 and len(self.recent) > PACE_ANSWERS:
             self.recent.popleft()
-        if kind in REFUSALS:
+        if kind in SIGNS:
             self.run += 1
         elif kind is Answer.OK:
             self.quota.accepted(now, self.first_answer, self.reacted_at)
@@ -1522,11 +1525,13 @@ class Host:
         else:
             self.pace.grow(now - self.reacted_at)
 
-    def throttled(self, now: float, sent: float, wait: Optional[float], cap: float, status: int = 429) -> bool:
+    def throttled(self, now: float, sent: float, wait: Optional[float], cap: float, status: int = 429,
+                  again: bool = False) -> bool:
         """A 429 or 503 of a request sent at `sent`, asking to wait `wait`
-        seconds (None: no Retry-After). True when it is the host's throttle,
-        False when it is this id's alone (the host goes on as it was)."""
-        self.answered(now, Answer.THROTTLE if status == 429 else Answer.BUSY)
+        seconds (None: no Retry-After); `again`: the id's last answer was a
+        throttle of its own too. True when it is the host's throttle, False
+        when it is this id's alone (the host goes on as it was)."""
+        self.answered(now, Answer.AGAIN if again else Answer.THROTTLE if status == 429 else Answer.BUSY)
         if sent > self.reacted_at and not self.host_wide(status, wait):
             if self.slow_start:  # not the host's throttle yet, but its slot stays empty: no refill into a limit
                 self.limit = max(1.0, self.limit - 1.0)
@@ -1621,7 +1626,7 @@ def hosts_throttle(recent: deque, run: int, paced: bool, status: int, wait: Opti
     last = [kind for t, kind in recent if t >= since]
     if limits:
         return last.count(Answer.THROTTLE) >= max(PACED_RUN, PACED_SHARE * len(last))
-    throttles = sum(1 for kind in last if kind in REFUSALS)
+    throttles = sum(1 for kind in last if kind in SIGNS)
     return run >= HOST_RUN or (throttles >= HOST_RUN and throttles >= THROTTLE_SHARE * len(last))
 
 
@@ -3200,7 +3205,8 @@ class Settler:
         host.reached()
         if out.status in THROTTLE_STATUSES and out.bucket is Bucket.RETRYABLE:  # not if --skip or --fatal names it
             return self._throttled(host, item, out, now)
-        elif out.status is not None:
+        item.own_throttle = False
+        if out.status is not None:
             host.succeeded(now, item.sent, self.cfg.concurrency)  # a 404 or a 500 is no "slow down" either
         else:
             host.unanswered(now, item.sent)
@@ -3213,7 +3219,8 @@ class Settler:
         --max-backoff: then it counts against the id, as any failure would."""
         cap = self.cfg.max_backoff
         wait = None if out.retry_after is None else min(out.retry_after, cap)
-        hosts = host.throttled(now, item.sent, wait, cap, out.status)
+        hosts = host.throttled(now, item.sent, wait, cap, out.status, again=item.own_throttle)
+        item.own_throttle = not hosts
         return hosts and (out.retry_after or 0.0) <= cap and host.quota.starved_for(now) < STARVED_FOR * cap
 
     def _unreachable(self, host: Host, out: Outcome, now: float) -> None:

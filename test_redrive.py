@@ -663,6 +663,15 @@ def test_a_new_hosts_lone_429_is_that_ids_and_the_fourth_in_a_row_the_hosts(serv
     assert state(tmp_path, "done.txt") == ["d"] and server.hits["d"] == 2  # the host's "too fast": no try spent
 
 
+def test_one_id_refused_again_and_again_is_its_own_trouble_and_the_host_goes_on_at_full_speed(server, tmp_path):
+    server.replies["a"] = [503, 503, 503, 503, 200]  # one item under maintenance: four 503s in a row, then back
+    code, _, fake = crawl(server, tmp_path, list("abcde"), "--concurrency", "1", "--backoff", "0")
+    assert code == ExitCode.OK and state(tmp_path, "done.txt") == list("abcde")
+    # a spent four tries of its own; taken as the host's fourth throttle in a row, it paced the others
+    assert server.paths == ["/items/a"] * 5 + ["/items/b", "/items/c", "/items/d", "/items/e"]
+    assert fake.sleeps == []
+
+
 def test_a_retry_whose_time_has_come_goes_before_untried_ids(server, tmp_path):
     server.replies["a"] = [500, 200]
     code, _, _ = crawl(server, tmp_path, ["a", "b", "c", "d"], "--concurrency", "1", "--backoff", "0")
@@ -2101,6 +2110,30 @@ def test_on_a_host_that_limits_two_close_plain_429s_are_the_hosts_and_its_503s_n
     assert host.pace.rate == rate and host.paused_until == 0.0
     assert host.throttled(2.001, 2.0, None, 60.0)  # two close together from a host that limits: the host's
     assert host.pace.rate < rate
+
+
+def test_an_id_refused_after_its_own_throttle_is_no_new_sign_of_the_hosts_limit():
+    host = redrive.Host(limit=8.0, cap=8, slow_start=True)
+    answers(host, [n / 100 for n in range(20)])
+    for t in (0.2, 0.21):  # two ids refused, each its own
+        host.start(t)
+        assert not host.throttled(t, t, None, 60.0, status=503)
+    for t in (0.22, 0.23, 0.24, 0.25):  # the first of them refused again and again: still its own trouble
+        host.start(t)
+        assert not host.throttled(t, t, None, 60.0, status=503, again=True)
+    assert host.run == 2 and host.pace.rate is None
+    host.start(0.26)
+    assert not host.throttled(0.26, 0.26, None, 60.0, status=503)  # a third id
+    host.start(0.27)
+    assert host.throttled(0.27, 0.27, None, 60.0, status=503)  # a fourth id in a row: the host's
+    assert host.pace.rate is not None
+
+
+def test_on_a_host_whose_limit_has_a_burst_an_id_refused_again_is_still_the_hosts_at_once():
+    host = paced_host(tight=False)
+    host.start(2.0)
+    # the ids a throttle turned away go first when the gate opens: they are the first to meet the limit again
+    assert host.throttled(2.0, 2.0, None, 60.0, again=True)
 
 
 def test_on_a_host_whose_limit_has_a_burst_one_plain_429_is_the_hosts():
