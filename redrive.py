@@ -1251,6 +1251,7 @@ class Pace:
         `plain`: the throttle came with no Retry-After (see JITTER_CUT);
         `calm`: the host refused THROTTLE_SHARE or less of its last second too."""
         previous, jitter, lagging = self.peak, False, False
+        span = max(span, MIN_WAIT)  # answers all at one instant: over a millisecond, not over no time at all
         self.halved = False  # a cut measures: the guess's half is gone (see OVERSHOOT)
         if self.rate is None:  # a burst's own pace: a guess (see FAST_GROWTH)
             took = answers + refused if answers <= 1 else answers
@@ -1260,7 +1261,7 @@ class Pace:
             accepted = answers / (span if whole else max(span, answers / self.rate))
             sent = (answers + refused) / max(span, (answers + refused) / self.rate)  # refusals included
             took_all = refused <= THROTTLE_SHARE * answers or calm  # the pace was about right, just over the limit
-            if guess:
+            if guess or not answers:  # nothing taken since the window opened is no measure either
                 accepted = max(accepted, self.rate * guess_floor(span))
             if whole or not took_all:
                 self.peak = accepted

@@ -7,6 +7,7 @@ import errno
 import gzip
 import io
 import json
+import math
 import os
 import queue
 import re
@@ -2134,6 +2135,45 @@ def test_on_a_host_whose_limit_has_a_burst_an_id_refused_again_is_still_the_host
     host.start(2.0)
     # the ids a throttle turned away go first when the gate opens: they are the first to meet the limit again
     assert host.throttled(2.0, 2.0, None, 60.0, again=True)
+
+
+def test_a_429_before_any_answer_of_the_window_after_a_pause_is_no_measure_and_no_crash():
+    host = paced_host()  # 50 r/s accepted up to 2.0 s
+    host.start(2.0)
+    assert host.throttled(2.0, 2.0, 1.0, 60.0)  # "come back in a second": paused until 3.0
+    host.succeeded(2.01, 1.99, host.cap)  # one in flight at the throttle: taken
+    rate = host.pace.rate
+    host.start(3.0)  # the first request after the pause: a 429 again, before the window took anything
+    assert host.throttled(3.001, 3.0, 1.0, 60.0)  # took nothing: a peak of 0 divided by zero here (exit 70)
+    assert host.pace.peak > 0 and rate * redrive.GUESS_FLOOR * 0.9 <= host.pace.rate < rate
+    assert host.paused_until == pytest.approx(4.001)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0.0, 0.0005, 0.01, 0.1, 0.4, 1.0, 2.5, 30.0]),
+                          st.sampled_from(["ok", "429", "503", "none"]),
+                          st.sampled_from([None, 0.0, 0.3, 1.0, 2.0, 5.0, 90.0]),
+                          st.booleans(), st.sampled_from([0.0, 0.001, 0.05, 1.0])), max_size=120),
+       st.booleans())
+def test_no_sequence_of_answers_breaks_a_hosts_gate(events, slow_start):
+    host, now = redrive.Host(limit=4.0, cap=16, slow_start=slow_start), 0.0
+    for step, kind, wait, again, took in events:
+        now += step
+        sent = max(0.0, now - took)
+        host.start(sent)
+        if kind == "ok":
+            host.succeeded(now, sent, 16)
+        elif kind == "none":
+            host.unanswered(now, sent)
+        else:
+            host.throttled(now, sent, wait, 60.0, int(kind), again=again)
+        opens = host.opens_at(now)
+        assert opens is None or now <= opens < now + 120.0
+        assert 1.0 <= host.limit <= 16
+        if host.pace.rate is not None:
+            assert host.pace.rate >= redrive.MIN_RATE and host.pace.peak > 0
+            assert math.isfinite(host.pace.rate) and 0 < host.pace.plateau <= 1e6
+        host.inflight = 0  # each answer above ended its own request
 
 
 def test_on_a_host_whose_limit_has_a_burst_one_plain_429_is_the_hosts():
