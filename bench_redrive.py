@@ -145,6 +145,8 @@ class Handler(BaseHTTPRequestHandler):
             return 429, b"busy"
         if kind == "503-twice" and hit <= 2:
             return 503, b"busy"
+        if kind == "503-four" and hit <= 4:  # one item under maintenance, as the demo's
+            return 503, b"maintenance"
         if kind == "500-forever":
             return 500, b"oops"
         if kind == "404":
@@ -538,6 +540,32 @@ def lone_429(folder, count, opt):
     ]
     table(f"lone 429s: {count} ids, 3% answer 429 + Retry-After: 1 once, no rate limit, "
           f"{opt.latency * 1000:g} ms latency, concurrency 16 (exit {run.code})", rows)
+    show_error(run)
+    per_id_trouble(folder, ids, clean_run, opt)
+
+
+#: The demo's mix of one-item trouble on a server with no limit: 8% of ids answer 429 + Retry-After: 1
+#: once, 8% 503 four times in a row (--backoff 0.1, so that the ids' own waits stay short).
+TROUBLE = {"429-lone": 8, "503-four": 8}
+
+
+def per_id_trouble(folder, ids, clean_run, opt):
+    """The demo's mix: many ids in trouble of their own at once, the same ids refused again and again."""
+    proc, base = start_server(opt.latency, faults=fault_table(TROUBLE))
+    try:
+        run = measured(redrive_cmd(ids, base, "--concurrency", "16", "--backoff", "0.1",
+                                   "--state-dir", str(folder / "trouble")))
+        stats = server_stats(base)
+    finally:
+        proc.terminate()
+    sent, throttled = sent_and_throttled(stats)
+    rows = [
+        ("clean run of the same ids (no trouble)", f"{clean_run.wall:.2f} s"),
+        ("wall", f"{run.wall:.2f} s = {run.wall / clean_run.wall:.2f} x the clean run (target <= 1.25)"),
+        ("429s and 503s", f"{throttled} 429s and {stats['statuses'].get('503', 0)} 503s of {sent} requests"),
+    ]
+    table(f"one-item trouble: {ids.read_text().count(chr(10))} ids, " + ", ".join(f"{v}% {k}" for k, v in TROUBLE.items())
+          + f", no rate limit, --backoff 0.1, {opt.latency * 1000:g} ms latency, concurrency 16 (exit {run.code})", rows)
     show_error(run)
 
 

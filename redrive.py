@@ -543,11 +543,10 @@ class Answer(Enum):
     THROTTLE = "throttle"  #: a 429
     BUSY = "busy"  #: a 503
     OTHER = "other"  #: no answer at all: a timeout, a dropped connection
-    AGAIN = "again"  #: a 429 or 503 of an id whose last answer was a throttle of its own (see HOST_RUN)
+    AGAIN = "again"  #: an id's own throttle again: its trouble, nothing of the host's pace (see HOST_RUN)
 
 
-REFUSALS = frozenset({Answer.THROTTLE, Answer.BUSY, Answer.AGAIN})  #: the answers that say "not now"
-SIGNS = frozenset({Answer.THROTTLE, Answer.BUSY})  #: the refusals that count as signs of the host's limit
+REFUSALS = frozenset({Answer.THROTTLE, Answer.BUSY})  #: the answers that say "not now"
 
 
 class Bucket(Enum):
@@ -1465,7 +1464,7 @@ class Host:
         self.recent.append((now, kind))
         while self.recent[0][0] < now - 1.0 and len(self.recent) > PACE_ANSWERS:
             self.recent.popleft()
-        if kind in SIGNS:
+        if kind in REFUSALS:
             self.run += 1
         elif kind is Answer.OK:
             self.quota.accepted(now, self.first_answer, self.reacted_at)
@@ -1532,8 +1531,10 @@ class Host:
         seconds (None: no Retry-After); `again`: the id's last answer was a
         throttle of its own too. True when it is the host's throttle, False
         when it is this id's alone (the host goes on as it was)."""
-        self.answered(now, Answer.AGAIN if again else Answer.THROTTLE if status == 429 else Answer.BUSY)
-        if sent > self.reacted_at and not self.host_wide(status, wait):
+        # an id's trouble again is decided before it is counted: no sign of the host's limit, no refusal of its pace
+        own = again and sent > self.reacted_at and not self.host_wide(status, wait, again=True)
+        self.answered(now, Answer.AGAIN if own else Answer.THROTTLE if status == 429 else Answer.BUSY)
+        if sent > self.reacted_at and (own or not self.host_wide(status, wait)):
             if self.slow_start:  # not the host's throttle yet, but its slot stays empty: no refill into a limit
                 self.limit = max(1.0, self.limit - 1.0)
             return False
@@ -1543,12 +1544,12 @@ class Host:
             self.react(now, wait, cap)
         return True
 
-    def host_wide(self, status: int, wait: Optional[float]) -> bool:
+    def host_wide(self, status: int, wait: Optional[float], again: bool = False) -> bool:
         """Is this throttle the host's limit? See HOST_RUN."""
         if self.quota.starved_since is not None or self.quota.spent():  # refusing everything, or the allowance is spent
             return True
         at_once = self.pace.fast or self.pace.halved or not self.pace.tight  # see THROTTLE_STATUSES and OVERSHOOT
-        return hosts_throttle(self.recent, self.run, bool(self.pace.rate), status, wait, at_once)
+        return hosts_throttle(self.recent, self.run, bool(self.pace.rate), status, wait, at_once, again)
 
     def react(self, now: float, wait: Optional[float], cap: float) -> None:
         """The host's throttle of a request sent after the last reaction."""
@@ -1613,21 +1614,25 @@ def pace_taken(host: Host, now: float, before: float, wait: Optional[float]) -> 
 
 
 def hosts_throttle(recent: deque, run: int, paced: bool, status: int, wait: Optional[float],
-                   at_once: bool) -> bool:
+                   at_once: bool, again: bool = False) -> bool:
     """Whether a throttle is the host's, from its last answers (`recent`, the
     last one this throttle) and the throttles in a row (`run`); `at_once`: a
     plain 429 of a paced host is (its limit has a burst, or its rate is still
-    doubling, or it is half a guess). See HOST_RUN."""
+    doubling, or it is half a guess); `again`: the id's last answer was a
+    throttle of its own, so only that at-once rule can make this one the
+    host's (this one is not in `recent` yet). See HOST_RUN."""
     limits = paced and status == 429  # a host known to limit says "too fast" with a 429
     if limits and (wait is not None or at_once):
         return True
+    if again:
+        return False
     since, sample = recent[-1][0] - SHARE_WINDOW, PACE_ANSWERS if limits else SHARE_ANSWERS
     if len(recent) >= sample:  # a slow host: its last answers, if they go further back
         since = min(since, recent[-sample][0])
     last = [kind for t, kind in recent if t >= since]
     if limits:
         return last.count(Answer.THROTTLE) >= max(PACED_RUN, PACED_SHARE * len(last))
-    throttles = sum(1 for kind in last if kind in SIGNS)
+    throttles = sum(1 for kind in last if kind in REFUSALS)
     return run >= HOST_RUN or (throttles >= HOST_RUN and throttles >= THROTTLE_SHARE * len(last))
 
 
