@@ -541,7 +541,7 @@ def lone_429(folder, count, opt):
     table(f"lone 429s: {count} ids, 3% answer 429 + Retry-After: 1 once, no rate limit, "
           f"{opt.latency * 1000:g} ms latency, concurrency 16 (exit {run.code})", rows)
     show_error(run)
-    per_id_trouble(folder, ids, clean_run, opt)
+    per_id_trouble(folder, opt)
 
 
 #: The demo's mix of one-item trouble on a server with no limit: 8% of ids answer 429 + Retry-After: 1
@@ -550,7 +550,7 @@ def lone_429(folder, count, opt):
 TROUBLE, TROUBLE_SIZES, TROUBLE_BUDGET = {"429-lone": 8, "503-four": 8}, (50, 200), 60
 
 
-def per_id_trouble(folder, ids, clean_run, opt):
+def per_id_trouble(folder, opt):
     """The demo's mix: many ids in trouble of their own, the same ids refused again and again."""
     rows = []
     for size in TROUBLE_SIZES:

@@ -208,7 +208,7 @@ SLOW_START_ROUND = 0.03
 #: make it the host's, as the ids a throttle turned away go first when the
 #: gate opens. (Counted, the demo's item that answers 503 four times was the
 #: host's fourth throttle in a row, and its server, with no limit, was paced
-#: down to 0.6 r/s: 20 to 35 s for 50 ids, now 8 to 9.5 s.)
+#: down to 0.6 r/s: 20 to 35 s for 50 ids, now 8.1 to 8.6 s.)
 THROTTLE_STATUSES = frozenset({429, 503})
 HOST_RUN = 4
 THROTTLE_SHARE = 0.1
@@ -1537,10 +1537,14 @@ class Host:
         seconds (None: no Retry-After); `again`: the id's last answer was a
         throttle of its own too. True when it is the host's throttle, False
         when it is this id's alone (the host goes on as it was)."""
-        # an id's trouble again is decided before it is counted: no sign of the host's limit, no refusal of its pace
-        own = again and sent > self.reacted_at and not self.host_wide(status, wait, again=True)
-        self.answered(now, Answer.AGAIN if own else Answer.THROTTLE if status == 429 else Answer.BUSY)
-        if sent > self.reacted_at and (own or not self.host_wide(status, wait)):
+        refusal = Answer.THROTTLE if status == 429 else Answer.BUSY
+        if again and sent > self.reacted_at:  # decided before it is counted: it is no sign in the counts (HOST_RUN)
+            hosts = self.host_wide(status, wait, again=True)
+            self.answered(now, refusal if hosts else Answer.AGAIN)
+        else:
+            self.answered(now, refusal)
+            hosts = sent <= self.reacted_at or self.host_wide(status, wait)
+        if not hosts:
             if self.slow_start:  # not the host's throttle yet, but its slot stays empty: no refill into a limit
                 self.limit = max(1.0, self.limit - 1.0)
             return False
