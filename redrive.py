@@ -69,6 +69,7 @@ from __future__ import annotations
 import argparse
 import base64
 import codecs
+import copy
 import dataclasses
 import difflib
 import email.utils
@@ -356,6 +357,15 @@ LOWER_CLIMB = 0.05
 #: (600 per 10 s: 71 to 77 refusals in a run, 59 and 60 now; 100 a second:
 #: 50 to 52, 39 to 42 now).
 PROBE_FIRST = 0.1
+
+#: A reaction to the host's throttle with a short Retry-After (SHORT_PAUSE or
+#: less) is taken back when UNDO_OKS requests that were in flight at it come
+#: back taken, and none refused: a limit that ran out refuses what is in flight
+#: (a window refuses everything until it ends), so a throttle whose neighbours
+#: were taken was one id's (an item being rebuilt), wherever the rules of
+#: HOST_RUN put it. The pace, the pause and the gate return to what they were;
+#: the id itself still waits its Retry-After.
+UNDO_OKS = 2
 
 #: Long windows with no Retry-After come round at a period: from one window's
 #: opening (a probe taken after a long spell of refusals) to the next. Once
@@ -1444,6 +1454,8 @@ class Host:
     probes: int = 0  #: probes that failed since then
     probing: bool = False  #: the one request let through while down is out
     limit_up: float = 1.0  #: the concurrency limit to return to once it answers
+    undo: Optional[tuple] = None  #: the gate before a reaction to a short Retry-After, until it is confirmed
+    undo_oks: int = 0  #: requests in flight at that reaction taken since, none refused (see UNDO_OKS)
 
     def opens_at(self, now: float) -> Optional[float]:
         """When the gate lets the next request through: now, later, or None (full)."""
@@ -1519,6 +1531,7 @@ class Host:
         spell = self.quota.starved_since is not None
         self.passed_sent = max(self.passed_sent, sent)
         self.answered(now, Answer.OK)
+        self.confirm(sent)
         if self.slow_start:
             grown = min(self.limit + SLOW_START_STEP, slow_start_limit(now - self.first_sent))
             self.limit = min(ceiling, max(self.limit, grown))
@@ -1548,11 +1561,36 @@ class Host:
             if self.slow_start:  # not the host's throttle yet, but its slot stays empty: no refill into a limit
                 self.limit = max(1.0, self.limit - 1.0)
             return False
+        if sent <= self.reacted_at:
+            self.undo = None  # one in flight at the reaction refused too: the host's, confirmed
+        elif wait is not None and wait <= SHORT_PAUSE and self.inflight:  # those in flight will tell
+            self.undo, self.undo_oks = self.snapshot(), 0
+        else:
+            self.undo = None
         if wait is not None:
             self.paused_until = max(self.paused_until, now + wait)
         if sent > self.reacted_at:  # sent after the last reaction: that one was not enough
             self.react(now, wait, cap)
         return True
+
+    def snapshot(self) -> tuple:
+        """What a reaction changes: its pace, quota, concurrency, pause and clocks (see UNDO_OKS)."""
+        return (copy.deepcopy(self.pace), copy.deepcopy(self.quota), self.limit, self.paused_until,
+                self.reacted_at, self.slow_start, self.next_slot, self.window_start)
+
+    def confirm(self, sent: float) -> None:
+        """An answer that was not a throttle, to a request sent at `sent`: the
+        UNDO_OKS-th of those in flight at a reaction to a short Retry-After
+        takes that reaction back; one sent after it comes too late to tell."""
+        if self.undo is None:
+            return
+        if sent >= self.reacted_at:
+            self.undo = None
+            return
+        self.undo_oks += 1
+        if self.undo_oks >= UNDO_OKS:
+            (self.pace, self.quota, self.limit, self.paused_until, self.reacted_at, self.slow_start,
+             self.next_slot, self.window_start), self.undo = self.undo, None
 
     def host_wide(self, status: int, wait: Optional[float], again: bool = False) -> bool:
         """Is this throttle the host's limit? See HOST_RUN."""
@@ -3185,8 +3223,9 @@ class Settler:
 
     def finish(self, item: Item, outcome: Outcome) -> None:
         """One outcome of an id in flight: the host, then the guard or the id, then the timeline."""
-        if self.observe(item, outcome):
-            self.schedule(item, self.fx.clock())  # it never reached the host: no try spent
+        if self.observe(item, outcome):  # it never reached the host, or the host throttled it: no try spent
+            held = outcome.retry_after if outcome.status in THROTTLE_STATUSES and outcome.retry_after else 0.0
+            self.schedule(item, self.fx.clock() + min(held, self.cfg.max_backoff))  # its wait, if the pause is lifted
         elif self.guard.open:
             for held, out in self.guard.offer(item, outcome, misconfiguration_sign(outcome, self.cfg)):
                 self.settle(held, out)

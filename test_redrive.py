@@ -2176,6 +2176,51 @@ def test_no_sequence_of_answers_breaks_a_hosts_gate(events, slow_start):
         host.inflight = 0  # each answer above ended its own request
 
 
+def test_a_short_retry_after_whose_neighbours_in_flight_were_taken_is_one_ids_and_the_reaction_is_undone():
+    host = paced_host()  # 50 r/s, nothing paused
+    for _ in range(3):
+        host.start(1.99)  # in flight when the throttle comes
+    host.start(2.0)
+    rate = host.pace.rate
+    assert host.throttled(2.0, 2.0, 1.0, 60.0)  # "come back in a second", from a host known to limit: the host's
+    assert host.paused_until == pytest.approx(3.0) and host.pace.rate < rate
+    host.succeeded(2.01, 1.99, host.cap)
+    assert host.paused_until == pytest.approx(3.0)  # one taken says little
+    host.succeeded(2.02, 1.99, host.cap)  # two taken, none refused: the limit had room, the 429 was that id's
+    assert host.paused_until == 0.0 and host.pace.rate >= rate and host.reacted_at == -2.0
+
+
+def test_a_short_retry_after_confirmed_by_a_refusal_in_flight_stays_the_hosts():
+    host = paced_host()
+    for _ in range(3):
+        host.start(1.99)
+    host.start(2.0)
+    assert host.throttled(2.0, 2.0, 1.0, 60.0)
+    assert host.throttled(2.01, 1.99, 1.0, 60.0)  # one in flight refused too: a window that ran out
+    host.succeeded(2.02, 1.99, host.cap)
+    host.succeeded(2.03, 1.99, host.cap)
+    assert host.paused_until == pytest.approx(3.01) and host.reacted_at == 2.0
+
+
+def test_a_throttle_whose_neighbours_were_taken_is_undone_and_its_id_still_waits_its_retry_after(server, tmp_path):
+    ids = [f"s{n:03d}" for n in range(120)]
+    for item in ids:
+        server.replies[item] = [("sleep", 0.03, 200)]
+    for item in ids[30:34]:  # four plain 429s in a row: the host's limit, and a paced host after it
+        server.replies[item] = [429, ("sleep", 0.03, 200)]
+    asked = []
+
+    def rebuilt():  # one item being rebuilt: "come back in a second", while the others are taken
+        asked.append(time.monotonic())
+        return (429, b"", {"Retry-After": "1"}) if len(asked) == 1 else ("sleep", 0.03, 200)
+
+    server.replies["s090"] = [rebuilt, rebuilt]
+    argv = [str(write_ids(tmp_path, ids)), "--url", server.template, "--concurrency", "8"]
+    code = redrive.main(argv, err=io.StringIO(), environ={})  # real time: the in-flight answers decide
+    assert code == ExitCode.OK and sorted(state(tmp_path, "done.txt")) == ids
+    assert len(asked) == 2 and asked[1] - asked[0] >= 1.0  # its Retry-After, though the host's pause was lifted
+
+
 def test_on_a_host_whose_limit_has_a_burst_one_plain_429_is_the_hosts():
     host = paced_host(tight=False)
     host.start(2.0)
