@@ -69,7 +69,6 @@ from __future__ import annotations
 import argparse
 import base64
 import codecs
-import copy
 import dataclasses
 import difflib
 import email.utils
@@ -1576,8 +1575,9 @@ class Host:
         return True
 
     def snapshot(self) -> tuple:
-        """What a reaction changes: its pace, quota, concurrency, pause and clocks (see UNDO_OKS)."""
-        return (copy.deepcopy(self.pace), copy.deepcopy(self.quota), self.limit, self.paused_until,
+        """What a reaction changes (see UNDO_OKS): the pace, a spell's start,
+        the concurrency, the pause and the clocks."""
+        return (dataclasses.replace(self.pace), self.quota.starved_since, self.limit, self.paused_until,
                 self.reacted_at, self.slow_start, self.next_slot, self.window_start)
 
     def confirm(self, sent: float) -> None:
@@ -1591,7 +1591,7 @@ class Host:
             return
         self.undo_oks += 1
         if self.undo_oks >= UNDO_OKS:
-            (self.pace, self.quota, self.limit, self.paused_until, self.reacted_at, self.slow_start,
+            (self.pace, self.quota.starved_since, self.limit, self.paused_until, self.reacted_at, self.slow_start,
              self.next_slot, self.window_start), self.undo = self.undo, None
 
     def host_wide(self, status: int, wait: Optional[float], again: bool = False) -> bool:
@@ -3226,8 +3226,8 @@ class Settler:
     def finish(self, item: Item, outcome: Outcome) -> None:
         """One outcome of an id in flight: the host, then the guard or the id, then the timeline."""
         if self.observe(item, outcome):  # it never reached the host, or the host throttled it: no try spent
-            held = outcome.retry_after if outcome.status in THROTTLE_STATUSES and outcome.retry_after else 0.0
-            self.schedule(item, self.fx.clock() + min(held, self.cfg.max_backoff))  # its wait, if the pause is lifted
+            wait = outcome.retry_after if outcome.status in THROTTLE_STATUSES and outcome.retry_after else 0.0
+            self.schedule(item, self.fx.clock() + min(wait, self.cfg.max_backoff))  # its wait, if the pause is lifted
         elif self.guard.open:
             for held, out in self.guard.offer(item, outcome, misconfiguration_sign(outcome, self.cfg)):
                 self.settle(held, out)
