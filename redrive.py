@@ -203,12 +203,14 @@ SLOW_START_ROUND = 0.03
 #: outages, not its limit), over SHARE_WINDOW or its last PACE_ANSWERS
 #: answers (at 10 r/s, SHARE_ANSWERS saw two refusals a second apart as two
 #: ids' own). An id's own throttle makes that id wait alone; the host goes on.
-#: That id's next throttle is its trouble again: no sign in these counts and
-#: no refusal in a cut's measure (Answer.AGAIN); only the at-once rules can
-#: make it the host's, as the ids a throttle turned away go first when the
-#: gate opens. (Counted, the demo's item that answers 503 four times was the
-#: host's fourth throttle in a row, and its server, with no limit, was paced
-#: down to 0.6 r/s: 20 to 35 s for 50 ids, now 8.1 to 8.6 s.)
+#: An id throttled again (its last answer was a throttle too, its own or the
+#: host's) is no new sign in these counts: they count ids, not one id's
+#: repeats. Only the at-once rules can make it the host's, as the ids a
+#: throttle turned away go first when the gate opens; otherwise it is that
+#: id's trouble again, and no refusal in a cut's measure either (Answer.AGAIN).
+#: (Counted, the demo's item that answers 503 four times was the host's
+#: fourth throttle in a row, and its server, with no limit, was paced down
+#: to 0.6 r/s: 20 to 35 s for 50 ids, now about 5 s.)
 THROTTLE_STATUSES = frozenset({429, 503})
 HOST_RUN = 4
 THROTTLE_SHARE = 0.1
@@ -688,7 +690,7 @@ class Item:
     tries: int = 0
     host: str = ""  #: the origin it is sent to: throttles and caps are per host
     sent: float = -1.0  #: when its last request started (-1: never, in this pass)
-    own_throttle: bool = False  #: its last answer was a throttle of its own, not the host's (see HOST_RUN)
+    refused: bool = False  #: its last answer was a throttle, its own or the host's (see HOST_RUN)
 
 
 @dataclass(frozen=True)
@@ -1549,7 +1551,7 @@ class Host:
                   again: bool = False) -> bool:
         """A 429 or 503 of a request sent at `sent`, asking to wait `wait`
         seconds (None: no Retry-After); `again`: the id's last answer was a
-        throttle of its own too. True when it is the host's throttle, False
+        throttle too. True when it is the host's throttle, False
         when it is this id's alone (the host goes on as it was)."""
         refusal = Answer.THROTTLE if status == 429 else Answer.BUSY
         if again and sent > self.reacted_at:  # decided before it is counted: it is no sign in the counts (HOST_RUN)
@@ -1669,7 +1671,7 @@ def hosts_throttle(recent: deque, run: int, paced: bool, status: int, wait: Opti
     last one this throttle) and the throttles in a row (`run`); `at_once`: a
     plain 429 of a paced host is (its limit has a burst, or its rate is still
     doubling, or it is half a guess); `again`: the id's last answer was a
-    throttle of its own, so only that at-once rule can make this one the
+    throttle too, so only that at-once rule can make this one the
     host's (this one is not in `recent` yet). See HOST_RUN."""
     limits = paced and status == 429  # a host known to limit says "too fast" with a 429
     if limits and (wait is not None or at_once):
@@ -3262,7 +3264,7 @@ class Settler:
         host.reached()
         if out.status in THROTTLE_STATUSES and out.bucket is Bucket.RETRYABLE:  # not if --skip or --fatal names it
             return self._throttled(host, item, out, now)
-        item.own_throttle = False
+        item.refused = False
         if out.status is not None:
             host.succeeded(now, item.sent, self.cfg.concurrency)  # a 404 or a 500 is no "slow down" either
         else:
@@ -3276,8 +3278,8 @@ class Settler:
         --max-backoff: then it counts against the id, as any failure would."""
         cap = self.cfg.max_backoff
         wait = None if out.retry_after is None else min(out.retry_after, cap)
-        hosts = host.throttled(now, item.sent, wait, cap, out.status, again=item.own_throttle)
-        item.own_throttle = not hosts
+        hosts = host.throttled(now, item.sent, wait, cap, out.status, again=item.refused)
+        item.refused = True
         return hosts and (out.retry_after or 0.0) <= cap and host.quota.starved_for(now) < STARVED_FOR * cap
 
     def _unreachable(self, host: Host, out: Outcome, now: float) -> None:
