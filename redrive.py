@@ -366,8 +366,9 @@ PROBE_FIRST = 0.1
 #: were taken was one id's (an item being rebuilt), wherever the rules of
 #: HOST_RUN put it. The pace, the pause and the gate return to what they were;
 #: the id itself still waits its Retry-After. (The demo, whose server has no
-#: limit: 8.1 to 8.6 s without this, 4.8 to 6.8 s with it; the rows with a
-#: Retry-After of issue 12 did not move.)
+#: limit: 8.1 to 8.6 s without this, 4.8 to 6.8 s with it, before an id's
+#: repeats after the host's throttle were left out of HOST_RUN's counts too;
+#: the rows with a Retry-After of issue 12 did not move.)
 UNDO_OKS = 2
 
 #: Long windows with no Retry-After come round at a period: from one window's

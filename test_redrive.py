@@ -673,6 +673,17 @@ def test_one_id_refused_again_and_again_is_its_own_trouble_and_the_host_goes_on_
     assert fake.sleeps == []
 
 
+def test_an_id_refused_again_after_the_hosts_throttle_spends_its_tries_and_no_more_reactions(server, tmp_path):
+    for item in "abc":
+        server.replies[item] = [503, 200]
+    server.replies["d"] = [503, 503, 503, 503, 200]  # the fourth 503 in a row, the host's; then its own trouble
+    code, _, fake = crawl(server, tmp_path, list("abcdefgh"), "--backoff", "0", "--tries", "4", "--passes", "1")
+    assert code == ExitCode.OK and sorted(state(tmp_path, "done.txt")) == list("abcdefgh")
+    # counted as new signs, d's repeats were the host's again and again: a pause each (probes of a host
+    # refusing everything), no try spent; now its first refusal alone is the host's, the others its own
+    assert server.hits["d"] == 5 and len([s for s in fake.sleeps if s >= redrive.PROBE_FIRST]) <= 1
+
+
 def test_a_retry_whose_time_has_come_goes_before_untried_ids(server, tmp_path):
     server.replies["a"] = [500, 200]
     code, _, _ = crawl(server, tmp_path, ["a", "b", "c", "d"], "--concurrency", "1", "--backoff", "0")
