@@ -563,7 +563,7 @@ class Answer(Enum):
     THROTTLE = "throttle"  #: a 429
     BUSY = "busy"  #: a 503
     OTHER = "other"  #: no answer at all: a timeout, a dropped connection
-    AGAIN = "again"  #: an id throttled again, and not the host's at once: its trouble, nothing of the pace (see HOST_RUN)
+    AGAIN = "again"  #: an id throttled again, not the host's at once: its trouble, not the pace (see HOST_RUN)
 
 
 REFUSALS = frozenset({Answer.THROTTLE, Answer.BUSY})  #: the answers that say "not now"
