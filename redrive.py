@@ -371,6 +371,32 @@ PROBE_FIRST = 0.1
 #: the rows with a Retry-After of issue 12 did not move.)
 UNDO_OKS = 2
 
+#: A host's refusals that go on while its pace falls are not its limit. A
+#: limit takes about the same pace whatever it is sent above it, so its
+#: refusals stop once the pace reaches it; a host where many ids are in
+#: trouble of their own (items being rebuilt, per-object limits) refuses
+#: the same share of ids at any pace, and each reaction to them cuts a pace
+#: that the reaction before had already cut: the demo's mix (16% of ids
+#: refused for their own reasons) took a server with no limit from 16 r/s
+#: to 0.5 r/s in 8 s. A slide is a run of reactions each within
+#: SLIDE_ANSWERS answers of the one before. When the rate in a slide has
+#: fallen to 1 / SLIDE_FALL of the highest it was set to, SLIDE_MORE
+#: reactions more still came, and the host refused SLIDE_SHARE of the
+#: requests or fewer over the slide (fresh refusals, not an id's repeats:
+#: a pace three times over a limit has two thirds of its requests refused),
+#: those refusals were the ids' own: the gate returns to what it was before
+#: the slide, and from then on the host's share of such refusals is its
+#: trouble: a throttle is the host's only when it is TROUBLE_MARGIN times
+#: that share of its last answers or more (never at once, whatever its
+#: Retry-After), or the HOST_RUN x TROUBLE_MARGIN-th in a row. The worst
+#: fall seen within such a run of quick reactions at a real limiter was to
+#: half the highest rate (nginx's 50 r/s and a limit halved mid-run).
+SLIDE_ANSWERS = PROBE_REQUESTS // 2
+SLIDE_FALL = 3.0
+SLIDE_MORE = 2
+SLIDE_SHARE = 1.0 / 3.0
+TROUBLE_MARGIN = 3
+
 #: Long windows with no Retry-After come round at a period: from one window's
 #: opening (a probe taken after a long spell of refusals) to the next. Once
 #: it is known, the probes wait until PERIOD_SLACK x the period before the
@@ -1419,6 +1445,23 @@ class Quota:
 
 
 @dataclass
+class Slide:
+    """A run of reactions to a host's throttles, each within SLIDE_ANSWERS
+    answers of the one before (see SLIDE_ANSWERS)."""
+
+    before: tuple  #: the gate before its first reaction (Host.snapshot)
+    answers: int  #: the host's answers that were not refusals, when it began
+    refused: int  #: the host's fresh refusals, when it began
+    top: float = 0.0  #: the highest rate a reaction in it set
+    below: int = 0  #: its reactions that left the rate at 1 / SLIDE_FALL of top or less
+
+    def share(self, answers: int, refused: int) -> float:
+        """The share of fresh refusals among the host's answers since it began."""
+        fresh = refused - self.refused
+        return fresh / max(1, fresh + answers - self.answers)
+
+
+@dataclass
 class Host:
     """One origin's gate: a pause, a concurrency limit, a Pace and a Quota.
 
@@ -1460,6 +1503,11 @@ class Host:
     limit_up: float = 1.0  #: the concurrency limit to return to once it answers
     undo: Optional[tuple] = None  #: the gate before a reaction to a short Retry-After, until it is confirmed
     undo_oks: int = 0  #: requests in flight at that reaction taken since, none refused (see UNDO_OKS)
+    answers: int = 0  #: answers that were not refusals, ever (timeouts and an id's repeats included)
+    refused: int = 0  #: fresh refusals, ever: throttles that were not an id's repeats
+    since_reaction: int = 0  #: answers since the last reaction (see SLIDE_ANSWERS)
+    slide: Optional[Slide] = None  #: the last run of quick reactions
+    trouble: float = 0.0  #: the share of ids the host refuses for their own reasons (see SLIDE_ANSWERS)
 
     def opens_at(self, now: float) -> Optional[float]:
         """When the gate lets the next request through: now, later, or None (full)."""
@@ -1486,6 +1534,9 @@ class Host:
         self.recent.append((now, kind))
         while self.recent[0][0] < now - 1.0 and len(self.recent) > PACE_ANSWERS:
             self.recent.popleft()
+        self.since_reaction += 1
+        self.refused += kind in REFUSALS
+        self.answers += kind not in REFUSALS
         if kind in REFUSALS:
             self.run += 1
         elif kind is Answer.OK:
@@ -1567,14 +1618,37 @@ class Host:
             return False
         if sent <= self.reacted_at:
             self.undo = None  # one in flight at the reaction refused too: the host's, confirmed
-        elif wait is not None and wait <= SHORT_PAUSE and self.inflight:  # those in flight will tell
+            self.pause(now, wait)
+            return True
+        if self.slide is None or self.since_reaction >= SLIDE_ANSWERS:  # a new slide begins
+            self.slide = Slide(self.snapshot(), self.answers, self.refused)
+        if wait is not None and wait <= SHORT_PAUSE and self.inflight:  # those in flight will tell
             self.undo, self.undo_oks = self.snapshot(), 0
         else:
             self.undo = None
+        self.pause(now, wait)
+        self.react(now, wait, cap)  # sent after the last reaction: that one was not enough
+        return not self.slid()
+
+    def pause(self, now: float, wait: Optional[float]) -> None:
+        """The host's throttle asked to wait `wait` seconds (None: no Retry-After)."""
         if wait is not None:
             self.paused_until = max(self.paused_until, now + wait)
-        if sent > self.reacted_at:  # sent after the last reaction: that one was not enough
-            self.react(now, wait, cap)
+
+    def slid(self) -> bool:
+        """After a reaction: have the host's refusals gone on while its pace
+        fell to a third? If so they were the ids' own (see SLIDE_ANSWERS):
+        the gate is as it was before the slide, and the host has trouble."""
+        slide = self.slide
+        self.since_reaction = 0
+        rate = self.pace.rate or 0.0
+        slide.top = max(slide.top, rate)
+        slide.below += 0 < rate <= slide.top / SLIDE_FALL
+        share = slide.share(self.answers, self.refused)
+        if slide.below <= SLIDE_MORE or share > SLIDE_SHARE:
+            return False
+        self.restore(slide.before)
+        self.slide, self.undo, self.trouble = None, None, max(self.trouble, share)
         return True
 
     def snapshot(self) -> tuple:
@@ -1594,15 +1668,21 @@ class Host:
             return
         self.undo_oks += 1
         if self.undo_oks >= UNDO_OKS:
-            (self.pace, self.quota.starved_since, self.limit, self.paused_until, self.reacted_at, self.slow_start,
-             self.next_slot, self.window_start), self.undo = self.undo, None
+            self.restore(self.undo)
+            self.undo = None
+
+    def restore(self, gate: tuple) -> None:
+        """The gate as snapshot() took it."""
+        (self.pace, self.quota.starved_since, self.limit, self.paused_until, self.reacted_at, self.slow_start,
+         self.next_slot, self.window_start) = gate
 
     def host_wide(self, status: int, wait: Optional[float], again: bool = False) -> bool:
         """Is this throttle the host's limit? See HOST_RUN."""
         if self.quota.starved_since is not None or self.quota.spent():  # refusing everything, or the allowance is spent
             return True
         at_once = self.pace.fast or self.pace.halved or not self.pace.tight  # see THROTTLE_STATUSES and OVERSHOOT
-        return hosts_throttle(self.recent, self.run, bool(self.pace.rate), status, wait, at_once, again)
+        return hosts_throttle(self.recent, self.run, bool(self.pace.rate), status, wait, at_once, again,
+                              self.trouble)
 
     def react(self, now: float, wait: Optional[float], cap: float) -> None:
         """The host's throttle of a request sent after the last reaction."""
@@ -1667,26 +1747,29 @@ def pace_taken(host: Host, now: float, before: float, wait: Optional[float]) -> 
 
 
 def hosts_throttle(recent: deque, run: int, paced: bool, status: int, wait: Optional[float],
-                   at_once: bool, again: bool = False) -> bool:
+                   at_once: bool, again: bool = False, trouble: float = 0.0) -> bool:
     """Whether a throttle is the host's, from its last answers (`recent`, the
     last one this throttle) and the throttles in a row (`run`); `at_once`: a
     plain 429 of a paced host is (its limit has a burst, or its rate is still
     doubling, or it is half a guess); `again`: the id's last answer was a
     throttle too, so only that at-once rule can make this one the
-    host's (this one is not in `recent` yet). See HOST_RUN."""
+    host's (this one is not in `recent` yet); `trouble`: the share of ids
+    the host refuses for their own reasons (see SLIDE_ANSWERS). See HOST_RUN."""
     limits = paced and status == 429  # a host known to limit says "too fast" with a 429
-    if limits and (wait is not None or at_once):
+    if limits and not trouble and (wait is not None or at_once):
         return True
     if again:
         return False
-    since, sample = recent[-1][0] - SHARE_WINDOW, PACE_ANSWERS if limits else SHARE_ANSWERS
+    since, sample = recent[-1][0] - SHARE_WINDOW, PACE_ANSWERS if limits or trouble else SHARE_ANSWERS
     if len(recent) >= sample:  # a slow host: its last answers, if they go further back
         since = min(since, recent[-sample][0])
     last = [kind for t, kind in recent if t >= since]
+    margin = TROUBLE_MARGIN * trouble  # a host in trouble: its own share of refusals is no sign
     if limits:
-        return last.count(Answer.THROTTLE) >= max(PACED_RUN, PACED_SHARE * len(last))
+        return last.count(Answer.THROTTLE) >= max(PACED_RUN, PACED_SHARE * len(last), margin * len(last))
     throttles = sum(1 for kind in last if kind in REFUSALS)
-    return run >= HOST_RUN or (throttles >= HOST_RUN and throttles >= THROTTLE_SHARE * len(last))
+    in_a_row = HOST_RUN * (TROUBLE_MARGIN if trouble else 1)
+    return run >= in_a_row or (throttles >= HOST_RUN and throttles >= max(THROTTLE_SHARE, margin) * len(last))
 
 
 def slow_start_limit(elapsed: float) -> float:
