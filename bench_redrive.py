@@ -9,7 +9,8 @@ Scenarios (all by default):
   flaky          the same with 8% faults: 429 once, 503 twice, 500 for ever,
                  404 (2%), an empty body, a slow answer, a dropped connection
   rate-limited   3,000 ids; the server allows 100 requests a second and answers
-                 429 with a Retry-After beyond that; concurrency 32, no --rate
+                 429 with a Retry-After beyond that (an HTTP-date: the next
+                 second's start, a window's end); concurrency 32, no --rate
   lone-429       10,000 ids on a server with no limit, 3% of them answering 429 +
                  Retry-After: 1 once (an item being rebuilt); concurrency 16,
                  against a clean run of the same ids
@@ -25,6 +26,9 @@ Scenarios (all by default):
                  (3,000 ids), 600 per minute (900 ids) and 600 per 10 s (2,400
                  ids), each with a Retry-After to the window's end and with none;
                  for reference, 100 per second again with --rate 100 by hand
+  token-bucket   token buckets answering 429 + Retry-After: 1 when no token is
+                 left: 100 r/s with a burst of 100 and of 10, 50 r/s burst 10,
+                 10 r/s burst 5; N = 20 s x rate + burst
   limit-change   4,500 ids against nginx's leaky-bucket arithmetic at 100 r/s
                  (burst 10, no Retry-After), halved from 10 s to 25 s: the 429s,
                  and the accepted requests second by second
@@ -203,6 +207,23 @@ class FixedWindow(Limiter):
         if self.used <= self.size:
             return None
         return str(math.ceil((window + 1) * self.seconds - t)) if self.retry_after else ""
+
+
+class TokenBucket(Limiter):
+    """A token bucket: `burst` tokens at first, `rate` more a second up to
+    `burst`; a request with no token left gets 429 + Retry-After: 1 (in
+    whole seconds, as most APIs send it: it says when to ask again, not
+    where any window ends)."""
+
+    def __init__(self, rate, burst):
+        self.rate, self.burst, self.tokens, self.last = rate, burst, float(burst), 0.0
+
+    def check(self, t):
+        self.tokens, self.last = min(self.burst, self.tokens + (t - self.last) * self.rate), t
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return None
+        return "1"
 
 
 class ChangingBucket(Limiter):
@@ -642,6 +663,30 @@ def window_row(folder, size, seconds, retry_after, count, opt, given=None):
                    f"peak {run.rss:.0f} MB")
 
 
+#: (rate, burst) of the token buckets: a burst of a second's worth, and small ones.
+BUCKETS = [(100, 100), (100, 10), (50, 10), (10, 5)]
+
+
+def token_bucket(folder, count, opt):
+    """Token buckets answering 429 + Retry-After: 1, as many APIs limit; N = 20 s x rate + burst."""
+    rows = []
+    for rate, burst in BUCKETS:
+        run_dir = folder / f"bucket-{rate}-{burst}"
+        run_dir.mkdir()
+        ids = count or 20 * rate + burst
+        run, stats = limited_run(run_dir, ids, opt, TokenBucket(rate, burst))
+        sent, throttled = sent_and_throttled(stats)
+        ideal = (ids - burst) / rate
+        show_error(run)
+        first = sum(t < 1.0 for t in stats["refused"])  # the first burst's refusals: all that was in flight
+        rows.append((f"{rate} r/s, burst {burst}, {ids} ids (exit {run.code})",
+                     f"wall {run.wall:.1f} s = {run.wall / ideal:.2f} x {ideal:g} s, "
+                     f"429s {throttled} = {throttled / max(sent, 1):.1%} of {sent} requests "
+                     f"({first} in the first second, {throttled - first} after), peak {run.rss:.0f} MB"))
+    table(f"token bucket: 429 + Retry-After: 1 when no token is left; ideal (N - burst) / rate; "
+          f"{opt.latency * 1000:g} ms latency, concurrency {opt.concurrency}, no --rate", rows)
+
+
 #: The changing limit: nginx's arithmetic at RATE r/s, burst 10, halved from LOW[0] to LOW[1] s.
 CHANGE_RATE, CHANGE_LOW = 100, (10.0, 25.0)
 
@@ -1001,10 +1046,11 @@ def fs_type(folder):
 
 SCENARIOS = {"clean": clean, "flaky": flaky, "rate-limited": rate_limited, "lone-429": lone_429,
              "resume": resume, "fsync": fsync, "stop": stop, "nginx": nginx,
-             "fixed-window": fixed_window, "limit-change": limit_change, "chaos": chaos}
+             "fixed-window": fixed_window, "token-bucket": token_bucket, "limit-change": limit_change,
+             "chaos": chaos}
 COUNTS = {"clean": 10_000, "flaky": 10_000, "rate-limited": 3_000, "lone-429": 10_000, "resume": 1_000_000, "fsync": 5_000,
           "stop": 1_000_000, "nginx": 0,
-          "fixed-window": 0, "limit-change": 4_500, "chaos": 10_000}
+          "fixed-window": 0, "token-bucket": 0, "limit-change": 4_500, "chaos": 10_000}
 
 
 def main(argv=None):
