@@ -931,14 +931,18 @@ def backoff_delay(attempt: int, base: float, cap: float, rand: Callable[[], floa
 def parse_retry_after(value: Optional[str], now: float) -> Optional[float]:
     """Seconds to wait from a Retry-After value: delay-seconds or an HTTP-date.
 
-    Returns None for a missing or unparseable value, 0 for a date in the
-    past, and at most MAX_RETRY_AFTER: whatever the server sent, never an
-    exception and never a wait of centuries.
+    Delay-seconds may carry a decimal part ("2.0", "0.5"): the RFC asks for
+    whole seconds, but Shopify's and Discord's APIs send such values, and
+    read as no Retry-After they were no wait at all. Returns None for a
+    missing or unparseable value, 0 for a date in the past, and at most
+    MAX_RETRY_AFTER: whatever the server sent, never an exception and
+    never a wait of centuries.
     """
     if not value:
         return None
     value = value.strip()
-    if value.isascii() and value.isdigit():
+    whole, dot, part = value.partition(".")
+    if whole.isascii() and whole.isdigit() and (not dot or part.isascii() and part.isdigit()):
         return min(MAX_RETRY_AFTER, float(value))
     try:
         when = email.utils.parsedate_to_datetime(value)

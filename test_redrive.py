@@ -489,6 +489,8 @@ def test_resume_step_takes_an_earlier_runs_failure_on_from_where_it_stopped(last
 
 @pytest.mark.parametrize("value, expected", [
     ("7", 7.0), (" 120 ", 120.0), ("0", 0.0), (None, None), ("", None), ("soon", None), ("-3", None),
+    ("2.0", 2.0), ("0.5", 0.5), ("1e3", None), ("1.", None), (".5", None), ("1.5.2", None), ("nan", None),
+    ("inf", None), ("1_000", None), ("\u0661", None), ("9" * 400, redrive.MAX_RETRY_AFTER),
     (email.utils.formatdate(NOW + 42, usegmt=True), 42.0),
     (email.utils.formatdate(NOW - 42, usegmt=True), 0.0),
 ])
