@@ -2286,6 +2286,26 @@ def test_a_short_retry_after_whose_neighbours_in_flight_were_taken_is_one_ids_an
     assert host.paused_until == 0.0 and host.pace.rate >= rate and host.reacted_at == -2.0
 
 
+def test_throttles_taken_back_one_after_another_are_a_token_bucket_and_the_second_keeps_its_cut():
+    host = paced_host()  # 50 r/s, nothing paused
+    rates = []
+    for at in (2.0, 2.2):  # two throttles a few answers apart, their neighbours in flight taken each time
+        for _ in range(3):
+            host.start(at - 0.01)
+        host.start(at)
+        before = host.pace.rate
+        assert host.throttled(at, at, 1.0, 60.0)
+        cut = host.pace.rate
+        host.succeeded(at + 0.01, at - 0.01, host.cap)
+        host.succeeded(at + 0.02, at - 0.01, host.cap)
+        assert host.paused_until == 0.0  # the pause is lifted both times: no window ran out
+        rates.append((before, cut, host.pace.rate))
+    (before1, cut1, after1), (before2, cut2, after2) = rates
+    assert cut1 < before1 and after1 >= before1  # the first is taken back whole: one id's, as far as it tells
+    # the second, close after: a bucket a little over its rate takes most of what is in flight; the cut stays
+    assert cut2 < before2 and after2 == pytest.approx(cut2) and host.reacted_at == 2.2
+
+
 def test_a_short_retry_after_confirmed_by_a_refusal_in_flight_stays_the_hosts():
     host = paced_host()
     for _ in range(3):
