@@ -331,17 +331,25 @@ MIN_RATE = 0.5
 #: per-second window within its plateau: a second probe, a second pause.)
 #: A new host's first window, measured from its first answer to the end of
 #: the pause it ended with, is a lower bound: a Retry-After in whole seconds
-#: overstates what was left of the window (later windows measured so are
-#: exact with an exact Retry-After, and are cut as any). The rate starts at it and climbs
-#: by LOWER_CLIMB of it a second, in a straight line, until the next cut:
-#: the cubic's plateau would hold it there for nothing, and its steep climb
-#: past the plateau overshot the window by 10% before the window's
-#: refusal showed. On a host whose limit is such a window, a slot the run
-#: loop missed by a slot or less is made up: a window counts requests, not
-#: the gaps between them (a leaky bucket with no burst counts the gaps, and
-#: gives no Retry-After).
+#: overstates what was left of the window, and a token bucket's first
+#: window is only its burst (10 answers, then "come back in a second", from
+#: a bucket of 100 r/s). The rate starts at it and doubles every
+#: LOWER_DOUBLING seconds until the next cut: the cubic's plateau would hold
+#: it there for nothing, and a straight climb of 5% of it a second took a
+#: bucket of 100 r/s with a burst of 10 from 15 r/s to 57 in 55 s (2.7 x).
+#: A later window measured up to its pause's end is exact with an exact
+#: Retry-After (an HTTP date), and is cut as any; a whole-second one may
+#: overstate what was left of the window by up to a second, so
+#: WHOLE_SECOND_SLACK of it is left out (taken whole, a per-second window
+#: whose Retry-After is always "1" was measured at 10 / 1.53 s where it took
+#: 10 a second, and held at 6.5 r/s for a plateau). On a host whose limit is
+#: such a window, a slot the run loop missed by a slot or less is made up: a
+#: window counts requests, not the gaps between them (a leaky bucket with no
+#: burst counts the gaps, and gives no Retry-After).
 WINDOW_MARGIN = 0.03
-LOWER_CLIMB = 0.05
+LOWER_DOUBLING = 1.0
+LOWER_MAX_DOUBLINGS = 20
+WHOLE_SECOND_SLACK = 0.5
 
 #: A host that throttles even the requests sent after the cut, with no
 #: Retry-After, is out of quota until its window ends: it gets one probe at a
@@ -1287,7 +1295,7 @@ class Pace:
     fast: bool = False  #: the first cut's guess stands: the rate grows by FAST_GROWTH an answer
     halved: bool = False  #: the peak is half a first guess the host refused: no measure yet (see OVERSHOOT)
     tight: bool = False  #: the first burst was refused but one request: a limit with no burst
-    lower: bool = False  #: the peak is a lower bound: the rate climbs by LOWER_CLIMB of it a second
+    lower: bool = False  #: the peak is a lower bound: the rate doubles every LOWER_DOUBLING seconds
     windowed: bool = False  #: the host's limit is a window: a late slot is made up (see WINDOW_MARGIN)
 
     def grow(self, since_cut: float) -> None:
@@ -1295,7 +1303,7 @@ class Pace:
         if self.rate and self.fast:
             self.rate += FAST_GROWTH
         elif self.rate and self.lower:
-            self.rate = max(self.rate, self.peak * (1.0 + LOWER_CLIMB * since_cut))
+            self.rate = max(self.rate, self.peak * 2.0 ** min(since_cut / LOWER_DOUBLING, LOWER_MAX_DOUBLINGS))
         elif self.rate:
             self.rate = max(self.rate, self.peak * cubic_pace(since_cut, self.plateau))
 
@@ -1745,6 +1753,8 @@ def pace_taken(host: Host, now: float, before: float, wait: Optional[float]) -> 
         start = max(now - 1.0, host.first_answer, opened)
         # opened within the last second: a burst and this pause are one window, its allowance the answers
         end = host.paused_until if start > now - 1.0 else now
+        if end > now and host.pace.rate is not None and float(wait).is_integer():  # see WHOLE_SECOND_SLACK
+            end = max(now, end - WHOLE_SECOND_SLACK)
         cost, guess = (wait if end == now else 0.0), False  # a window's allowance is measured whole
     else:  # the pace of the last answers: PACE_ANSWERS of them, or GUESS_SPAN seconds' worth
         oldest = host.recent[0][0] if host.recent else now  # the last second, or PACE_ANSWERS answers if longer

@@ -2245,6 +2245,17 @@ def test_a_limit_whose_refusals_stop_when_the_pace_falls_is_never_taken_for_ids_
     assert refused <= 0.05 * len(done)
 
 
+@pytest.mark.parametrize("rate, burst", [(100, 10), (50, 10), (10, 5)])
+def test_a_token_bucket_with_a_small_burst_is_found_in_seconds_not_minutes(rate, burst):
+    host = redrive.Host(limit=4.0, cap=32, slow_start=True)
+    count = 10 * rate + burst  # ten seconds of the bucket's rate
+    done, refused = drive(host, token_bucket(rate, burst), count, until=60.0)
+    # its first window is its burst (10 then "come back in a second": 15 r/s measured at 100 r/s), and a
+    # straight climb from there took 29 s of these 10 at 100 r/s (55 s for 20 s' worth in the bench's row)
+    assert len(done) == count and max(done.values()) <= 1.4 * (count - burst) / rate
+    assert refused <= 12  # the first burst's (what was in flight), and a few probes that cost a second each
+
+
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from([0.0, 0.0005, 0.01, 0.1, 0.4, 1.0, 2.5, 30.0]),
                           st.sampled_from(["ok", "429", "503", "none"]),
@@ -3042,7 +3053,7 @@ def test_a_host_limited_by_a_window_gets_a_late_slot_made_up_but_never_more_than
     assert host.opens_at(12.2) == pytest.approx(12.7)
 
 
-def test_a_lower_bound_climbs_in_a_straight_line_and_a_tripped_window_is_not_climbed_back_to():
+def test_a_lower_bound_doubles_every_second_and_a_tripped_window_is_not_climbed_back_to():
     host = redrive.Host(limit=8.0, cap=8, slow_start=True)
     answers(host, [n / 100 for n in range(10)])  # a burst of 10, then "come back in a second"
     for t in (0.1, 0.101, 0.102, 0.103):
@@ -3050,21 +3061,46 @@ def test_a_lower_bound_climbs_in_a_straight_line_and_a_tripped_window_is_not_cli
         host.throttled(t, t - 0.001, 1.0, 60.0)
     peak = 10 / 1.103
     climb = []
-    for t in (0.103, 1.103, 4.103, 10.103):  # seconds after the cut, at the fourth refusal
+    for t in (0.103, 1.103, 2.103, 3.103):  # seconds after the cut, at the fourth refusal
         host.succeeded(t, t - 0.01, host.cap)
         climb.append(host.pace.rate / peak)
-    assert climb == pytest.approx([1.0, 1.05, 1.2, 1.5])  # LOWER_CLIMB of the lower bound a second
-    answers(host, [11.2 + n / 30 for n in range(30)])  # a whole second of answers at the rate climbed to
+    # a window's allowance or a token bucket's burst: nothing says which, so the rate doubles each second
+    # (5% of it a second took a bucket of 100 r/s with a burst of 10 from 15 r/s to 57 in 55 s)
+    assert climb == pytest.approx([1.0, 2.0, 4.0, 8.0])
+    answers(host, [3.2 + n / 400 for n in range(400)])  # a second of answers, as fast as the rate lets them
     sent = host.pace.rate
-    assert sent == pytest.approx(peak * (1 + 0.05 * (11.2 + 29 / 30 - 0.103)))
-    host.start(12.2)
-    assert host.throttled(12.2, 12.2, 1.0, 60.0)  # tripped: "come back in a second"
+    assert sent == pytest.approx(peak * 2 ** (3.2 + 399 / 400 - 0.103))
+    host.start(4.2)
+    assert host.throttled(4.2, 4.2, 1.0, 60.0)  # tripped: "come back in a second"
     assert host.pace.peak == pytest.approx(0.97 * sent) and not host.pace.lower
     rates = [host.pace.rate]
-    for t in (15.0, 25.0, 35.0):  # the cubic climbs towards the anchor, 3% under the pace that tripped
-        host.pace.grow(t - 12.2)
+    for t in (7.0, 17.0, 27.0):  # the cubic climbs towards the anchor, 3% under the pace that tripped
+        host.pace.grow(t - 4.2)
         rates.append(host.pace.rate)
     assert rates[0] == pytest.approx(0.97 * 0.97 * sent) and rates[-1] < 0.975 * sent
+
+
+def test_a_lower_bound_that_is_never_tripped_stops_doubling_at_a_million_times_itself():
+    pace = redrive.Pace(rate=10.0, peak=10.0, lower=True)
+    pace.grow(1e6)  # a run that never met the limit again: no overflow, a finite rate
+    assert pace.rate == pytest.approx(10.0 * 2 ** redrive.LOWER_MAX_DOUBLINGS)
+
+
+def test_a_whole_second_retry_after_measures_a_later_window_half_a_second_short_of_its_pause():
+    host = redrive.Host(limit=8.0, cap=8, reacted_at=0.5, slow_start=False, pace=redrive.Pace(rate=30.0, peak=10.0))
+    host.first_answer, host.window_start = 0.0, 1.0  # the last pause ended at 1.0
+    answers(host, [1.0 + n / 20 for n in range(10)])  # 10 taken in the half second since, sent at 20 a second
+    host.start(1.5)
+    assert host.throttled(1.5, 1.5, 1.0, 60.0)  # "come back in a second": it may have meant 0.01 s, or 0.99
+    # 10 taken and 1 refused from 1.0 to the pause's end, 2.5, less half a second: 11 a second, where the
+    # pause taken whole said 7.3 (and held a per-second window of 10 at 6.5 r/s for a plateau)
+    assert host.pace.peak == pytest.approx(11 / 1.0)
+    exact = redrive.Host(limit=8.0, cap=8, reacted_at=0.5, slow_start=False, pace=redrive.Pace(rate=30.0, peak=10.0))
+    exact.first_answer, exact.window_start = 0.0, 1.0
+    answers(exact, [1.0 + n / 20 for n in range(10)])
+    exact.start(1.5)
+    assert exact.throttled(1.5, 1.5, 0.5, 60.0)  # an exact Retry-After (an HTTP date): the window was [1.0, 2.0)
+    assert exact.pace.peak == pytest.approx(11 / 1.0)  # measured to the pause's end, as it said
 
 
 def test_shards_split_the_ids_with_no_overlap(server, tmp_path):
