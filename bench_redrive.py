@@ -29,6 +29,9 @@ Scenarios (all by default):
   token-bucket   token buckets answering 429 + Retry-After: 1 when no token is
                  left: 100 r/s with a burst of 100 and of 10, 50 r/s burst 10,
                  10 r/s burst 5; N = 20 s x rate + burst
+  limit-and-lone nginx's leaky-bucket arithmetic at 50 r/s, no burst, in front of
+                 an application whose items being rebuilt (3%, then 8% of 1,000
+                 ids) answer 429 + Retry-After: 1 once
   limit-change   4,500 ids against nginx's leaky-bucket arithmetic at 100 r/s
                  (burst 10, no Retry-After), halved from 10 s to 25 s: the 429s,
                  and the accepted requests second by second
@@ -687,6 +690,38 @@ def token_bucket(folder, count, opt):
           f"{opt.latency * 1000:g} ms latency, concurrency {opt.concurrency}, no --rate", rows)
 
 
+#: (share of ids, in percent) answering 429 + Retry-After: 1 once, behind nginx's arithmetic at LONE_RATE r/s.
+LONE_SHARES, LONE_RATE, LONE_IDS = (3, 8), 50, 1000
+
+
+def limit_and_lone(folder, count, opt):
+    """nginx's leaky-bucket arithmetic (no burst, 429 with no Retry-After) in front of an application
+    whose items being rebuilt answer 429 + Retry-After: 1 once: a limit and ids' own throttles at once."""
+    rows = []
+    for share in LONE_SHARES:
+        run_dir = folder / f"lone-{share}"
+        run_dir.mkdir()
+        ids = count or LONE_IDS
+        limiter = ChangingBucket(LONE_RATE, 0, 1.0, 0.0, 0.0)
+        proc, base = start_server(opt.latency, faults=fault_table({"429-lone": share}), limit=limiter)
+        try:
+            run = measured(redrive_cmd(write_ids(run_dir, ids), base, "--concurrency", str(opt.concurrency)))
+            stats = server_stats(base)
+        finally:
+            proc.terminate()
+        sent, throttled = sent_and_throttled(stats)
+        limits = len(stats["refused"])
+        ideal = (ids + ids * share / 100) / LONE_RATE  # the limit counts the lone 429s' requests too
+        show_error(run)
+        rows.append((f"{share}% of {ids} ids rebuilt (exit {run.code})",
+                     f"wall {run.wall:.1f} s = {run.wall / ideal:.2f} x {ideal:.1f} s, 429s {throttled} = "
+                     f"{throttled / max(sent, 1):.1%} of {sent} requests ({limits} the limit's, "
+                     f"{throttled - limits} the items'), peak {run.rss:.0f} MB"))
+    table(f"limit and lone 429s: nginx's arithmetic at {LONE_RATE} r/s, no burst (429, no Retry-After), "
+          f"ids answering 429 + Retry-After: 1 once; ideal (N + those ids) / rate; "
+          f"{opt.latency * 1000:g} ms latency, concurrency {opt.concurrency}, no --rate", rows)
+
+
 #: The changing limit: nginx's arithmetic at RATE r/s, burst 10, halved from LOW[0] to LOW[1] s.
 CHANGE_RATE, CHANGE_LOW = 100, (10.0, 25.0)
 
@@ -1046,11 +1081,12 @@ def fs_type(folder):
 
 SCENARIOS = {"clean": clean, "flaky": flaky, "rate-limited": rate_limited, "lone-429": lone_429,
              "resume": resume, "fsync": fsync, "stop": stop, "nginx": nginx,
-             "fixed-window": fixed_window, "token-bucket": token_bucket, "limit-change": limit_change,
+             "fixed-window": fixed_window, "token-bucket": token_bucket, "limit-and-lone": limit_and_lone,
+             "limit-change": limit_change,
              "chaos": chaos}
 COUNTS = {"clean": 10_000, "flaky": 10_000, "rate-limited": 3_000, "lone-429": 10_000, "resume": 1_000_000, "fsync": 5_000,
           "stop": 1_000_000, "nginx": 0,
-          "fixed-window": 0, "token-bucket": 0, "limit-change": 4_500, "chaos": 10_000}
+          "fixed-window": 0, "token-bucket": 0, "limit-and-lone": 0, "limit-change": 4_500, "chaos": 10_000}
 
 
 def main(argv=None):

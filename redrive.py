@@ -211,6 +211,14 @@ SLOW_START_ROUND = 0.03
 #: (Counted, the demo's item that answers 503 four times was the host's
 #: fourth throttle in a row, and its server, with no limit, was paced down
 #: to 0.6 r/s: 20 to 35 s for 50 ids, now about 5 s.)
+#: A limiter speaks one way: nginx's limit_req never sends a Retry-After, a
+#: token bucket or a window that sends one sends it every time. So once a
+#: host's limit has spoken (its first reaction came with a Retry-After, or
+#: without: Host.voice), a 429 in the other voice is not its limit's at
+#: once, nor by the paced counts: it is the host's only by the counts of a
+#: host that never limited, as one id's own would be. An application behind
+#: nginx that answers "429, Retry-After: 1" for an item being rebuilt was
+#: the host's at once, and each such 429 cut the pace and paused the host.
 THROTTLE_STATUSES = frozenset({429, 503})
 HOST_RUN = 4
 THROTTLE_SHARE = 0.1
@@ -1524,6 +1532,7 @@ class Host:
     undo: Optional[tuple] = None  #: the gate before a reaction to a short Retry-After, until it is confirmed
     undo_oks: int = 0  #: requests in flight at that reaction taken since, none refused (see UNDO_OKS)
     undone_at: int = -SLIDE_ANSWERS  #: the host's answers when a reaction was last taken back (see UNDO_OKS)
+    voice: Optional[bool] = None  #: its limit sends a Retry-After, as its first reaction's throttle did
     answers: int = 0  #: answers that were not refusals, ever (timeouts and an id's repeats included)
     refused: int = 0  #: fresh refusals, ever: throttles that were not an id's repeats
     since_reaction: int = 0  #: answers since the last reaction (see SLIDE_ANSWERS)
@@ -1674,9 +1683,9 @@ class Host:
 
     def snapshot(self) -> tuple:
         """What a reaction changes (see UNDO_OKS): the pace, a spell's start,
-        the concurrency, the pause and the clocks."""
+        the concurrency, the pause, the clocks and the limit's voice."""
         return (dataclasses.replace(self.pace), self.quota.starved_since, self.limit, self.paused_until,
-                self.reacted_at, self.slow_start, self.next_slot, self.window_start)
+                self.reacted_at, self.slow_start, self.next_slot, self.window_start, self.voice)
 
     def confirm(self, sent: float) -> None:
         """An answer that was not a throttle, to a request sent at `sent`: the
@@ -1698,7 +1707,7 @@ class Host:
     def restore(self, gate: tuple) -> None:
         """The gate as snapshot() took it."""
         (self.pace, self.quota.starved_since, self.limit, self.paused_until, self.reacted_at, self.slow_start,
-         self.next_slot, self.window_start) = gate
+         self.next_slot, self.window_start, self.voice) = gate
 
     def host_wide(self, status: int, wait: Optional[float], again: bool = False) -> bool:
         """Is this throttle the host's limit? See HOST_RUN."""
@@ -1706,7 +1715,7 @@ class Host:
             return True
         at_once = self.pace.fast or self.pace.halved or not self.pace.tight  # see THROTTLE_STATUSES and OVERSHOOT
         return hosts_throttle(self.recent, self.run, bool(self.pace.rate), status, wait, at_once, again,
-                              self.trouble)
+                              self.trouble, self.voice)
 
     def react(self, now: float, wait: Optional[float], cap: float) -> None:
         """The host's throttle of a request sent after the last reaction."""
@@ -1714,6 +1723,8 @@ class Host:
         starved = self.last_ok < self.reacted_at  # nothing accepted since the last reaction
         ended = quota.spent() and not starved  # a long window's end foreseen (see ALLOWANCE): no fault of the pace
         before, self.reacted_at, self.slow_start = self.reacted_at, now, False
+        if self.voice is None:  # the limit's first word: see THROTTLE_STATUSES
+            self.voice = wait is not None
         if (starved or ended and wait is None) and quota.starved_since is None:
             quota.starved_since = now
         if (starved or ended) and wait is None:
@@ -1773,15 +1784,19 @@ def pace_taken(host: Host, now: float, before: float, wait: Optional[float]) -> 
 
 
 def hosts_throttle(recent: deque, run: int, paced: bool, status: int, wait: Optional[float],
-                   at_once: bool, again: bool = False, trouble: float = 0.0) -> bool:
+                   at_once: bool, again: bool = False, trouble: float = 0.0,
+                   voice: Optional[bool] = None) -> bool:
     """Whether a throttle is the host's, from its last answers (`recent`, the
     last one this throttle) and the throttles in a row (`run`); `at_once`: a
     plain 429 of a paced host is (its limit has a burst, or its rate is still
     doubling, or it is half a guess); `again`: the id's last answer was a
     throttle too, so only that at-once rule can make this one the
     host's (this one is not in `recent` yet); `trouble`: the share of ids
-    the host refuses for their own reasons (see SLIDE_ANSWERS). See HOST_RUN."""
-    limits = paced and status == 429  # a host known to limit says "too fast" with a 429
+    the host refuses for their own reasons (see SLIDE_ANSWERS); `voice`:
+    whether the host's limit sends a Retry-After (None: it has not limited
+    yet; see THROTTLE_STATUSES). See HOST_RUN."""
+    odd = voice is not None and (wait is not None) != voice  # not in its limit's voice: see THROTTLE_STATUSES
+    limits = paced and status == 429 and not odd  # a host known to limit says "too fast" with a 429
     if limits and not trouble and (wait is not None or at_once):
         return True
     if again:
