@@ -637,9 +637,9 @@ def by_hand(given):
     return (["--rate", str(given)], f", --rate {given} by hand") if given else ([], "")
 
 
-def limited_run(folder, count, opt, limiter, *options):
-    """(Run, the server's /_stats) for redrive over `count` ids behind `limiter`."""
-    proc, base = start_server(opt.latency, limit=limiter)
+def limited_run(folder, count, opt, limiter, *options, faults=()):
+    """(Run, the server's /_stats) for redrive over `count` ids behind `limiter` (and `faults`)."""
+    proc, base = start_server(opt.latency, faults=faults, limit=limiter)
     try:
         run = measured(redrive_cmd(write_ids(folder, count), base, "--concurrency", str(opt.concurrency), *options))
         return run, server_stats(base)
@@ -703,12 +703,7 @@ def limit_and_lone(folder, count, opt):
         run_dir.mkdir()
         ids = count or LONE_IDS
         limiter = ChangingBucket(LONE_RATE, 0, 1.0, 0.0, 0.0)
-        proc, base = start_server(opt.latency, faults=fault_table({"429-lone": share}), limit=limiter)
-        try:
-            run = measured(redrive_cmd(write_ids(run_dir, ids), base, "--concurrency", str(opt.concurrency)))
-            stats = server_stats(base)
-        finally:
-            proc.terminate()
+        run, stats = limited_run(run_dir, ids, opt, limiter, faults=fault_table({"429-lone": share}))
         sent, throttled = sent_and_throttled(stats)
         limits = len(stats["refused"])
         ideal = (ids + ids * share / 100) / LONE_RATE  # the limit counts the lone 429s' requests too
