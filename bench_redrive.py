@@ -1077,8 +1077,7 @@ def fs_type(folder):
 SCENARIOS = {"clean": clean, "flaky": flaky, "rate-limited": rate_limited, "lone-429": lone_429,
              "resume": resume, "fsync": fsync, "stop": stop, "nginx": nginx,
              "fixed-window": fixed_window, "token-bucket": token_bucket, "limit-and-lone": limit_and_lone,
-             "limit-change": limit_change,
-             "chaos": chaos}
+             "limit-change": limit_change, "chaos": chaos}
 COUNTS = {"clean": 10_000, "flaky": 10_000, "rate-limited": 3_000, "lone-429": 10_000, "resume": 1_000_000, "fsync": 5_000,
           "stop": 1_000_000, "nginx": 0,
           "fixed-window": 0, "token-bucket": 0, "limit-and-lone": 0, "limit-change": 4_500, "chaos": 10_000}

@@ -1698,10 +1698,10 @@ class Host:
             return
         self.undo_oks += 1
         if self.undo_oks >= UNDO_OKS:
-            pace, reacted_at = self.pace, self.reacted_at
+            kept = self.pace, self.reacted_at, self.voice
             self.restore(self.undo)
-            if self.answers - self.undone_at < SLIDE_ANSWERS:  # the last one was taken back too: the cut stays
-                self.pace, self.reacted_at = pace, reacted_at
+            if self.answers - self.undone_at < SLIDE_ANSWERS:  # the last one was taken back too: a bucket's cut stays
+                self.pace, self.reacted_at, self.voice = kept
             self.undo, self.undone_at = None, self.answers
 
     def restore(self, gate: tuple) -> None:

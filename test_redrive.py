@@ -2391,6 +2391,7 @@ def test_throttles_taken_back_one_after_another_are_a_token_bucket_and_the_secon
     assert cut1 < before1 and after1 >= before1  # the first is taken back whole: one id's, as far as it tells
     # the second, close after: a bucket a little over its rate takes most of what is in flight; the cut stays
     assert cut2 < before2 and after2 == pytest.approx(cut2) and host.reacted_at == 2.2
+    assert host.voice is True  # the bucket's throttle: its limit sends a Retry-After
 
 
 def test_a_short_retry_after_confirmed_by_a_refusal_in_flight_stays_the_hosts():
