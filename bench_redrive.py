@@ -639,9 +639,11 @@ def per_id_trouble(folder, opt):
 #: (one window spent), and per 10 s (three spent: the allowance learned from the first).
 WINDOWS = [(100, 1, 3000), (600, 60, 900), (600, 10, 2400)]
 
-#: (allowance, seconds, ids, --rate): the per-second window with Retry-After and its limit given by
-#: hand, for reference: what a client that knows the limit gets on this machine.
-WINDOWS_KNOWN = [(100, 1, 3000, 100)]
+#: (allowance, seconds, ids, options given by hand), for reference: the per-second window with
+#: Retry-After and its limit given (what a client that knows the limit gets on this machine), and
+#: the per-minute one with half the concurrency: a window that runs out refuses all that is in
+#: flight, so its first end costs --concurrency 429s, whatever comes after.
+WINDOWS_KNOWN = [(100, 1, 3000, 100), (600, 60, 900, ("--concurrency", "16"))]
 
 
 def fixed_window(folder, count, opt):
@@ -653,7 +655,7 @@ def fixed_window(folder, count, opt):
             run_dir.mkdir()
             rows.append(window_row(run_dir, size, seconds, retry_after, count or ids, opt))
     for size, seconds, ids, given in WINDOWS_KNOWN:
-        run_dir = folder / f"window-{size}-{seconds}-1-rate-{given}"
+        run_dir = folder / f"window-{size}-{seconds}-1-given-{len(rows)}"
         run_dir.mkdir()
         rows.append(window_row(run_dir, size, seconds, True, count or ids, opt, given))
     table(f"fixed window: the window starts at the first request; ideal (ceil(N / allowance) - 1) x window, "
@@ -662,7 +664,10 @@ def fixed_window(folder, count, opt):
 
 
 def by_hand(given):
-    """redrive's options and the row label's words for a --rate given by hand (None: discovered)."""
+    """redrive's options and the row label's words for a --rate given by hand (None: discovered),
+    or for options given by hand (a tuple)."""
+    if isinstance(given, tuple):
+        return list(given), f", {' '.join(given)} by hand"
     return (["--rate", str(given)], f", --rate {given} by hand") if given else ([], "")
 
 
