@@ -242,6 +242,16 @@ class ChangingBucket(Limiter):
     def rate_at(self, t):
         return self.rate * (self.factor if self.low_from <= t < self.low_until else 1.0)
 
+    def time_to_allow(self, count):
+        """Seconds from the first request until the limit has let `count` through, sent as it allows."""
+        need = count - self.burst
+        for start, end in ((0.0, self.low_from), (self.low_from, self.low_until), (self.low_until, math.inf)):
+            rate = self.rate_at(start)
+            if need <= rate * (end - start):
+                return start + need / rate
+            need -= rate * (end - start)
+        return 0.0
+
     def check(self, t):
         """nginx's arithmetic (ngx_http_limit_req_lookup), in requests, not thousandths."""
         excess = max(0.0, self.excess - self.rate_at(t) * (t - self.last) + 1.0) if t else 0.0
@@ -697,7 +707,7 @@ def window_row(folder, size, seconds, retry_after, count, opt, given=None):
     return label, (f"wall {run.wall:.1f} s{ratio}, "
                    f"429s {throttled} = {throttled / max(sent, 1):.1%} of {sent} requests (target <= 3%; "
                    f"{first} in the first window, {throttled - first} after), "
-                   f"peak {run.rss:.0f} MB")
+                   f"CPU {run.cpu / max(sent, 1) * 1e6:.0f} us/request, peak {run.rss:.0f} MB")
 
 
 #: (rate, burst) of the token buckets: a burst of a second's worth, and small ones.
@@ -719,7 +729,8 @@ def token_bucket(folder, count, opt):
         rows.append((f"{rate} r/s, burst {burst}, {ids} ids (exit {run.code})",
                      f"wall {run.wall:.1f} s = {run.wall / ideal:.2f} x {ideal:g} s, "
                      f"429s {throttled} = {throttled / max(sent, 1):.1%} of {sent} requests "
-                     f"({first} in the first second, {throttled - first} after), peak {run.rss:.0f} MB"))
+                     f"({first} in the first second, {throttled - first} after), "
+                     f"CPU {run.cpu / max(sent, 1) * 1e6:.0f} us/request, peak {run.rss:.0f} MB"))
     table(f"token bucket: 429 + Retry-After: 1 when no token is left; ideal (N - burst) / rate; "
           f"{opt.latency * 1000:g} ms latency, concurrency {opt.concurrency}, no --rate", rows)
 
@@ -745,7 +756,8 @@ def limit_and_lone(folder, count, opt):
         rows.append((f"{share}% of {ids} ids rebuilt (exit {run.code})",
                      f"wall {run.wall:.1f} s = {run.wall / ideal:.2f} x {ideal:.1f} s, 429s {throttled} = "
                      f"{throttled / max(sent, 1):.1%} of {sent} requests ({limits} the limit's, "
-                     f"{throttled - limits} the items'), peak {run.rss:.0f} MB"))
+                     f"{throttled - limits} the items'), CPU {run.cpu / max(sent, 1) * 1e6:.0f} us/request, "
+                     f"peak {run.rss:.0f} MB"))
     table(f"limit and lone 429s: nginx's arithmetic at {LONE_RATE} r/s, no burst (429, no Retry-After), "
           f"ids answering 429 + Retry-After: 1 once; ideal (N + those ids) / rate; "
           f"{opt.latency * 1000:g} ms latency, concurrency {opt.concurrency}, no --rate", rows)
@@ -765,14 +777,18 @@ def limit_change(folder, count, opt):
     seconds = [per_second[n] for n in range(max(per_second) + 1)] if per_second else []
     back = next((n for n in range(int(low_until), len(seconds)) if seconds[n] >= 0.9 * CHANGE_RATE), None)
     allowed = sum(limiter.rate_at(n + 0.5) for n in range(len(seconds)))
+    ideal = limiter.time_to_allow(count)
     rows = [
+        ("ideal (N - burst over the limit's rates in turn)", f"{ideal:.1f} s"),
         ("accepted per second", " ".join(map(str, seconds))),
         ("429s", f"{throttled} = {throttled / max(sent, 1):.1%} of {sent} requests (target <= 5%)"),
         ("back to 90% of the limit", f"{back - low_until:.0f} s after it returned (target <= 15 s)"
                                      if back is not None else "never"),
         ("accepted / allowed over the run", f"{len(stats['accepted'])} / {allowed:.0f} = "
                                             f"{len(stats['accepted']) / max(allowed, 1):.2f}"),
-        ("wall", f"{run.wall:.1f} s"),
+        ("wall", f"{run.wall:.1f} s = {run.wall / ideal:.2f} x ideal"),
+        ("client CPU per request", f"{run.cpu / max(sent, 1) * 1e6:.0f} us"),
+        ("peak memory", f"{run.rss:.0f} MB"),
     ]
     show_error(run)
     table(f"limit change: {count} ids; nginx's leaky bucket at {CHANGE_RATE} r/s (burst 10, no Retry-After), "
