@@ -386,6 +386,11 @@ def sent_and_throttled(after, before=None):
     return sent, throttled
 
 
+def cpu_us(run, sent):
+    """The client's CPU per request sent, in microseconds."""
+    return run.cpu / max(sent, 1) * 1e6
+
+
 def core_rows(run, ideal, ideal_how, target, sent, needed, throttled):
     """The rows every scenario prints, in the same order."""
     return [
@@ -393,7 +398,7 @@ def core_rows(run, ideal, ideal_how, target, sent, needed, throttled):
         ("wall", f"{run.wall:.2f} s, efficiency {ideal / run.wall:.2f} ({target})"),
         ("requests sent / minimum needed", f"{sent} / {needed}"),
         ("429s", f"{throttled} = {throttled / max(sent, 1):.1%} of requests"),
-        ("client CPU per request", f"{run.cpu / max(sent, 1) * 1e6:.0f} us ({run.cpu:.2f} s in all)"),
+        ("client CPU per request", f"{cpu_us(run, sent):.0f} us ({run.cpu:.2f} s in all)"),
         ("peak memory", f"{run.rss:.0f} MB"),
     ]
 
@@ -598,7 +603,7 @@ def lone_429(folder, count, opt):
         ("429s", f"{throttled} = {throttled / max(sent, 1):.1%} of {sent} requests"),
         ("asked again after its 1 s wait", f"median {late[len(late) // 2]:.2f} s late, at most {late[-1]:.2f} s "
                                            f"(target <= 2 s), {len(late)} of {throttled} ids" if late else "none"),
-        ("client CPU per request", f"{run.cpu / max(sent, 1) * 1e6:.0f} us"),
+        ("client CPU per request", f"{cpu_us(run, sent):.0f} us"),
         ("peak memory", f"{run.rss:.0f} MB"),
     ]
     table(f"lone 429s: {count} ids, 3% answer 429 + Retry-After: 1 once, no rate limit, "
@@ -707,7 +712,7 @@ def window_row(folder, size, seconds, retry_after, count, opt, given=None):
     return label, (f"wall {run.wall:.1f} s{ratio}, "
                    f"429s {throttled} = {throttled / max(sent, 1):.1%} of {sent} requests (target <= 3%; "
                    f"{first} in the first window, {throttled - first} after), "
-                   f"CPU {run.cpu / max(sent, 1) * 1e6:.0f} us/request, peak {run.rss:.0f} MB")
+                   f"CPU {cpu_us(run, sent):.0f} us/request, peak {run.rss:.0f} MB")
 
 
 #: (rate, burst) of the token buckets: a burst of a second's worth, and small ones.
@@ -730,7 +735,7 @@ def token_bucket(folder, count, opt):
                      f"wall {run.wall:.1f} s = {run.wall / ideal:.2f} x {ideal:g} s, "
                      f"429s {throttled} = {throttled / max(sent, 1):.1%} of {sent} requests "
                      f"({first} in the first second, {throttled - first} after), "
-                     f"CPU {run.cpu / max(sent, 1) * 1e6:.0f} us/request, peak {run.rss:.0f} MB"))
+                     f"CPU {cpu_us(run, sent):.0f} us/request, peak {run.rss:.0f} MB"))
     table(f"token bucket: 429 + Retry-After: 1 when no token is left; ideal (N - burst) / rate; "
           f"{opt.latency * 1000:g} ms latency, concurrency {opt.concurrency}, no --rate", rows)
 
@@ -756,7 +761,7 @@ def limit_and_lone(folder, count, opt):
         rows.append((f"{share}% of {ids} ids rebuilt (exit {run.code})",
                      f"wall {run.wall:.1f} s = {run.wall / ideal:.2f} x {ideal:.1f} s, 429s {throttled} = "
                      f"{throttled / max(sent, 1):.1%} of {sent} requests ({limits} the limit's, "
-                     f"{throttled - limits} the items'), CPU {run.cpu / max(sent, 1) * 1e6:.0f} us/request, "
+                     f"{throttled - limits} the items'), CPU {cpu_us(run, sent):.0f} us/request, "
                      f"peak {run.rss:.0f} MB"))
     table(f"limit and lone 429s: nginx's arithmetic at {LONE_RATE} r/s, no burst (429, no Retry-After), "
           f"ids answering 429 + Retry-After: 1 once; ideal (N + those ids) / rate; "
@@ -787,7 +792,7 @@ def limit_change(folder, count, opt):
         ("accepted / allowed over the run", f"{len(stats['accepted'])} / {allowed:.0f} = "
                                             f"{len(stats['accepted']) / max(allowed, 1):.2f}"),
         ("wall", f"{run.wall:.1f} s = {run.wall / ideal:.2f} x ideal"),
-        ("client CPU per request", f"{run.cpu / max(sent, 1) * 1e6:.0f} us"),
+        ("client CPU per request", f"{cpu_us(run, sent):.0f} us"),
         ("peak memory", f"{run.rss:.0f} MB"),
     ]
     show_error(run)
@@ -947,7 +952,7 @@ def nginx_row(binary, folder, rate, burst, nodelay, count, opt, given=None):
                    f"429s {throttled} = {throttled / max(sent, 1):.1%} of {sent} requests (target <= 3%; "
                    f"{early} in the first second, {throttled - early} after), "
                    f"send spread {spread}, "
-                   f"CPU {run.cpu / max(sent, 1) * 1e6:.0f} us/request, peak {run.rss:.0f} MB")
+                   f"CPU {cpu_us(run, sent):.0f} us/request, peak {run.rss:.0f} MB")
 
 
 def send_spread(arrivals):
