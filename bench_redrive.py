@@ -20,12 +20,15 @@ Scenarios (all by default):
   nginx          nginx's own limit_req (a leaky bucket answering 429 with no
                  Retry-After) at 10, 50 and 100 r/s, with and without burst and
                  nodelay; every 50th id a real 404; skipped when nginx is absent.
-                 For reference, 50 r/s with no burst again with --rate 45 and
-                 --rate 50 given by hand: what knowing the limit gets
+                 For reference, the limiters with no burst again: 50 r/s with
+                 --rate 45 and --rate 50, 100 r/s with --rate 95 given by hand,
+                 and both against a bare client paced at 98% of the limit: what
+                 knowing the limit gets
   fixed-window   a fixed window that starts at the first request: 100 per second
                  (3,000 ids), 600 per minute (900 ids) and 600 per 10 s (2,400
                  ids), each with a Retry-After to the window's end and with none;
-                 for reference, 100 per second again with --rate 100 by hand
+                 for reference, 100 per second again with --rate 100 by hand,
+                 and 600 per minute with --concurrency 16
   token-bucket   token buckets answering 429 + Retry-After: 1 when no token is
                  left: 100 r/s with a burst of 100 and of 10, 50 r/s burst 10,
                  10 r/s burst 5; N = 20 s x rate + burst
@@ -403,6 +406,15 @@ def core_rows(run, ideal, ideal_how, target, sent, needed, throttled):
     ]
 
 
+def run_workers(worker, concurrency):
+    """Start `concurrency` threads running `worker` and wait for them all."""
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
 def bare_loop(base, count, concurrency):
     """The baseline: threads with a requests.Session(trust_env=False) each."""
     import requests
@@ -420,11 +432,7 @@ def bare_loop(base, count, concurrency):
                 return
             session.get(url, timeout=30).content
 
-    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_workers(worker, concurrency)
 
 
 def paced_loop(url, ids_file, rate, concurrency):
@@ -449,11 +457,7 @@ def paced_loop(url, ids_file, rate, concurrency):
                 with lock:
                     todo.append(item)
 
-    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_workers(worker, concurrency)
 
 
 def write_ids(folder, count):
