@@ -26,13 +26,16 @@ Pass one tries every pending id; pass two (up to --passes) re-drives only the
 failures, each --cooldown seconds after it failed. What still fails is
 confirmed unavailable, with its reason and a recommended action.
 
-A 429 or 503 that is one id's (a lone one) makes that id wait alone; the
-host's (throttles in a row or a share of its answers; on a host that has
-limited before, a 429 with a Retry-After, or two plain ones close
-together) pause the host for its Retry-After, cost the id no try, and
-slow the host's pace to just below what it took and halve its
-concurrency; both recover gradually (--rate and --per-host cap them;
---shard K/N splits the ids over machines).
+Each host is paced by the quota it declares (X-RateLimit-*, RateLimit-*
+and the like): what is left is spread up to its reset, and at none left
+nothing is sent until then. A 403 that says it is a rate limit, or a
+GraphQL 200 whose errors say so, is a throttle too. Where nothing is
+declared, a 429 or 503 is one id's (it waits alone) unless the host's
+refusals outnumber its background share; the host's costs the id no try,
+cuts the host's rate to 0.7 of what it took, which then climbs back along
+CUBIC's curve; a host that refuses everything gets one request at a time,
+after its Retry-After (--rate and --per-host cap it all; --shard K/N splits
+the ids over machines).
 
 State, in STATE_DIR (default: IDS_FILE without extension + ".redrive"),
 the four ledgers append-only, one record per line, flushed as written:
@@ -166,290 +169,8 @@ SYNC_INTERVAL = 1.0
 TTY_INTERVAL = 0.25
 LOG_INTERVAL = 30.0
 
-#: Requests a new host gets in flight at first; each success adds
-#: SLOW_START_STEP (half as many again every round trip: 32 in flight after
-#: 6 round trips) until its first throttle, and each throttle before it takes
-#: one away (the refused request's slot is not filled again). All that is
-#: in flight when a limit runs out is refused: so a low rate limit is found
-#: with a handful of 429s, not --concurrency of them. (Doubling every round
-#: trip cost nginx's 10 r/s, burst 5 limit 13 refusals in its first 13 ms;
-#: this way, 7. Starting from 2 cut that to 5, but cost every run two round
-#: trips: 2,000 ids at 200 ms of latency ran at 0.86 to 0.88 of the latency
-#: bound, under the 0.90 target, against 0.90 to 0.91 from 4.)
-START_LIMIT = 4
-SLOW_START_STEP = 0.5
-#: A round trip counts as SLOW_START_ROUND seconds at least. A host that
-#: answers in a millisecond was at 7 to 14 in flight when a burst ran out 10
-#: ms in, and all of them were refused (nginx's 10 r/s, burst 5: 7; 100
-#: r/s, burst 20: 14); now 5 or 6 are. (In 45-id runs of 10 r/s burst 5,
-#: 7 refusals in each of four with 20 ms; 6, 6, 6 and 7 with 30 ms; 6 or 7
-#: with 50 ms, which would also slow the start of a host answering in 20 ms.)
-#: At this latency or more nothing changes; below it, 32 in flight takes
-#: 0.15 s, not 6 round trips.
-SLOW_START_ROUND = 0.03
-
-#: Statuses that say "too fast". One is the host's (its rate limit), not one
-#: id's (an item being rebuilt, a per-object limit), when it is the HOST_RUN-th
-#: throttle in a row, or throttles are HOST_RUN or more and THROTTLE_SHARE or
-#: more of the host's answers in the last SHARE_WINDOW seconds (or its last
-#: SHARE_ANSWERS answers, if they go further back). On a host whose pace is
-#: set (it has limited before), a 429 with a Retry-After is the host's, and
-#: so is a plain one when its limit has a burst (see FAST_GROWTH): a burst
-#: absorbs jitter, so its refusal says it ran dry (waiting for a second one
-#: cost nginx's 10 r/s, burst 5 a refusal more at each cut); or when its rate
-#: is still growing fast (it has just crossed the limit), or is half a
-#: first guess the host refused (see OVERSHOOT). Otherwise a plain
-#: 429 is the host's from PACED_RUN and PACED_SHARE of 429s on (its 503s are
-#: outages, not its limit), over SHARE_WINDOW or its last PACE_ANSWERS
-#: answers (at 10 r/s, SHARE_ANSWERS saw two refusals a second apart as two
-#: ids' own). An id's own throttle makes that id wait alone; the host goes on.
-#: An id throttled again (its last answer was a throttle too, its own or the
-#: host's) is no new sign in these counts: they count ids, not one id's
-#: repeats. Only the at-once rules can make it the host's, as the ids a
-#: throttle turned away go first when the gate opens; otherwise it is that
-#: id's trouble again, and no refusal in a cut's measure either (Answer.AGAIN).
-#: (Counted, the demo's item that answers 503 four times was the host's
-#: fourth throttle in a row, and its server, with no limit, was paced down
-#: to 0.6 r/s: 20 to 35 s for 50 ids, now about 5 s.)
-#: A limiter speaks one way: nginx's limit_req never sends a Retry-After, a
-#: token bucket or a window that sends one sends it every time. So once a
-#: host's limit has spoken (its first reaction came with a Retry-After, or
-#: without: Host.voice), a 429 in the other voice is not its limit's at
-#: once, nor by the paced counts: it is the host's only by the counts of a
-#: host that never limited, as one id's own would be. An application behind
-#: nginx that answers "429, Retry-After: 1" for an item being rebuilt was
-#: the host's at once, and each such 429 cut the pace and paused the host.
+#: Statuses that say "not now": a throttle, the host's or one id's (see Host).
 THROTTLE_STATUSES = frozenset({429, 503})
-HOST_RUN = 4
-THROTTLE_SHARE = 0.1
-SHARE_WINDOW = 0.5
-SHARE_ANSWERS = 10
-PACED_RUN = 2
-PACED_SHARE = 0.05
-
-#: The cut, at the host's throttle: the rate falls to CUT_FACTOR of the pace
-#: the host took: that of its last PACE_ANSWERS accepted answers (GUESS_SPAN
-#: seconds' worth at least, the last second's or the last PACE_ANSWERS
-#: answers' at most) since the last reaction (what came before it, a burst
-#: the host allowed once, says nothing of its pace), and the concurrency
-#: halves. When the host refused THROTTLE_SHARE of that pace or less, the
-#: pace it was sent counts, refusals included: a limit with no slack (nginx's
-#: limit_req with no burst) refuses a request that jitter brought a few ms
-#: early, and the slot it lost is not a lower limit. A limit with a burst
-#: (see the first guess below) absorbs such jitter: its plain refusal says
-#: the burst ran dry, and the pace it took counts (nginx's 50 r/s, burst 10:
-#: 0.8% of 429s in two runs, against 1.4 and 1.8%). With
-#: no Retry-After, THROTTLE_SHARE of the last second's answers or less counts
-#: too: at 100 r/s a quarter second's 22 answers now and then hold 3 such
-#: refusals, and the cut took the pace accepted, 79 to 88 r/s. Such a
-#: cut, with no Retry-After and no pause, takes the rate to JITTER_CUT of that pace, not
-#: CUT_FACTOR: the pace was about right (at CUT_FACTOR, nginx's 100 r/s with
-#: no burst was sent 85 to 89 a second between cuts). The
-#: rate then climbs back along a cubic: near that pace for about PLATEAU
-#: seconds (the limit is probed gently, not hit again at once), then faster
-#: and faster (the limit has moved): 1.1 times it after 2 x PLATEAU, 1.8
-#: times after 3 x PLATEAU. The next request waits one slot after the
-#: throttle. Fewer answers are a guess: a host that refused part of the pace
-#: keeps GUESS_FLOOR of the rate at least (more when the answers span less
-#: than GUESS_SPAN: see guess_floor), and one that took it all, the rate it
-#: was sent (the guess is near). The very first cut is a guess that grows by
-#: FAST_GROWTH req/s per answer (doubling in a third of a second) until a cut
-#: where the host refused part of the pace. That guess is the burst's answers
-#: over GUESS_SPAN; when the host took one of them or none, all it was sent:
-#: a limit with no burst refuses all but one of a burst whatever its rate
-#: (from one answer, 4 r/s, nginx's 100 r/s with no burst was reached 1.6 s in).
-#: The cut that ends the fast growth measures the last GUESS_SPAN only (over
-#: the whole climb, nginx's 50 r/s was measured at 28 r/s, the average of a
-#: rate rising from 18 to 50, and held 7 s). On a limit with no burst that
-#: measure still lags the pace refused (the rate was climbing), so the rate
-#: is set at it, not CUT_FACTOR under it (nginx's 10 r/s with no burst: 8.7
-#: r/s, not 7.4). Past such a limit about every other request is refused:
-#: at any cut where it refused LAG_SHARE of the answers or fewer, the pace
-#: had just crossed it, and the pace sent is the measure (nginx's 50 r/s at
-#: the fast growth's end: 48 r/s, not 40; nginx's 10 r/s at a plateau's
-#: end: 9.3 r/s, not 7.2, held 25 s). A limit with a burst took what it
-#: allows while the burst drained: its measure does not lag.
-CUT_FACTOR = 0.9
-JITTER_CUT = 0.95
-PLATEAU = 4.0
-GUESS_SPAN = 0.25
-PACE_ANSWERS = 20
-GUESS_FLOOR = 0.5
-FAST_GROWTH = 2.0
-LAG_SHARE = 0.25
-
-#: The first guess (see FAST_GROWTH) is a burst's answers over GUESS_SPAN,
-#: whatever the limit's rate. When the host refuses the first requests sent
-#: at it, before it took any, the guess is over the limit by how much is
-#: unknown: it falls to OVERSHOOT of itself, and the rate is held under it
-#: as after a cut. Falling a tenth or two at a time, as a cut measured
-#: from so few answers does, cost nginx's 10 r/s limits two refusals more
-#: on the way down (20, 13.6, 8.6 r/s); now none (20, then 9 r/s). Half a
-#: guess is not a measure either: until the next cut, a plain 429 of a limit
-#: with no burst is the host's at once, as while the rate grows fast (the
-#: climb toward a halved guess that hit nginx's 10 r/s limit cost a second
-#: refusal at each run's first cut, waiting for PACED_RUN).
-OVERSHOOT = 0.5
-
-#: A Retry-After of SHORT_PAUSE seconds or less ends a short quota window
-#: (so many requests a second). The pace it allows is the answers since the
-#: window opened over the window: when it opened within the last second (a
-#: burst, then this pause), up to the pause's end. A whole-second Retry-After
-#: overstates what is left of such a window, and honouring it costs a pause
-#: each time the pace goes past the limit: after a pace held for a whole
-#: second, the cubic's plateau grows by the pause over PROBE_SHARE, so that
-#: such probes take that share of the run at most (a one-second pause: 24 s,
-#: where 8 s probed a per-second window three times in 30 s). Whatever the
-#: probe costs, the plateau holds for PROBE_REQUESTS requests at least (up
-#: to PLATEAU x 2 ** STEADY_MAX, 32 s): a probe costs a refusal or two, so
-#: probes are 1% of the requests at most (a slow limit, 10 r/s, is probed
-#: every 20 s, not every 8 s), and a limit that came back is still found. It doubles
-#: too for each cut in a row (STEADY_MAX at most) at a pace within STEADY_BAND
-#: of the last one: a steady limit is probed less and less often. A probe
-#: that costs no pause (a leaky bucket's refusal, retried at the next slot)
-#: keeps the plateau at PLATEAU, so a limit that came back is found within
-#: 3 x PLATEAU of the last cut (a steady one's 32 s plateau kept nginx's
-#: halved limit for 41 s after it returned). With no
-#: Retry-After, a spell of refusing everything (SHORT_PAUSE seconds or less)
-#: ends such a window: the allowance is what the host took from the end of
-#: one spell (or its first answer) to the end of the next, over the time
-#: between them, when the spell is SPELL_SHARE of that time or more (a
-#: leaky bucket's refusals between probes are shorter). The pace is set as
-#: the spell ends, so the next window is sent at it (set at the next
-#: window's throttle instead, the first three windows of 100 a second cost
-#: 94 refusals; now the first one's 44 are nearly all), and again at a
-#: throttle within WINDOW_FRESH windows of the last
-#: opening: one that comes after many windows taken whole is a pace grown
-#: past the allowance, measured as any other.
-SHORT_PAUSE = 2.0
-SPELL_SHARE = 0.25
-WINDOW_FRESH = 1.5
-STEADY_BAND = 0.05
-STEADY_MAX = 3
-PROBE_SHARE = 0.05
-PROBE_REQUESTS = 200
-MIN_RATE = 0.5
-
-#: A window (so many requests a second) refuses once the pace sent is past
-#: its allowance: the pace measured at that refusal is above the limit, not
-#: at it. So when the probe cost a pause (a Retry-After), the cubic's anchor
-#: is that pace less WINDOW_MARGIN, and the rate starts WINDOW_MARGIN below
-#: the anchor, not at CUT_FACTOR of it: the pause has drained what the pace
-#: ran over. (Anchored at the pace itself, the cubic went back over a
-#: per-second window within its plateau: a second probe, a second pause.)
-#: A new host's first window, measured from its first answer to the end of
-#: the pause it ended with, is a lower bound: a Retry-After in whole seconds
-#: overstates what was left of the window, and a token bucket's first
-#: window is only its burst (10 answers, then "come back in a second", from
-#: a bucket of 100 r/s). The rate starts at it and doubles every
-#: LOWER_DOUBLING seconds until the next cut: the cubic's plateau would hold
-#: it there for nothing, and a straight climb of 5% of it a second took a
-#: bucket of 100 r/s with a burst of 10 from 15 r/s to 57 in 55 s (2.7 x).
-#: A later window measured up to its pause's end is exact with an exact
-#: Retry-After (an HTTP date), and is cut as any; a whole-second one may
-#: overstate what was left of the window by up to a second, so
-#: WHOLE_SECOND_SLACK of it is left out (taken whole, a per-second window
-#: whose Retry-After is always "1" was measured at 10 / 1.53 s where it took
-#: 10 a second, and held at 6.5 r/s for a plateau). On a host whose limit is
-#: such a window, a slot the run loop missed by a slot or less is made up: a
-#: window counts requests, not the gaps between them (a leaky bucket with no
-#: burst counts the gaps, and gives no Retry-After).
-WINDOW_MARGIN = 0.03
-LOWER_DOUBLING = 1.0
-LOWER_MAX_DOUBLINGS = 20
-WHOLE_SECOND_SLACK = 0.5
-
-#: A host that throttles even the requests sent after the cut, with no
-#: Retry-After, is out of quota until its window ends: it gets one probe at a
-#: time, each after a pause of STARVED_SHARE of the time it has refused
-#: everything so far (PROBE_FIRST seconds at least, --max-backoff at most), so
-#: the window's end is found late by a quarter at most. Once the host has
-#: refused everything for STARVED_FOR x --max-backoff, its throttles count
-#: against the ids again: a host that refuses all for ever cannot keep a run alive.
-#: Even before that, until a request sent after its last reaction gets
-#: anything but a throttle (an answer, or none: a timeout must not hold the
-#: gate shut), it gets one at a time: a window that ran out refuses all
-#: that is in flight, and a gate open to half the concurrency sent a round
-#: trip's worth more at the cut pace before the first of them was refused
-#: (600 per 10 s: 71 to 77 refusals in a run, 59 and 60 now; 100 a second:
-#: 50 to 52, 39 to 42 now).
-PROBE_FIRST = 0.1
-
-#: A reaction to the host's throttle with a short Retry-After (SHORT_PAUSE or
-#: less) is taken back when UNDO_OKS requests that were in flight at it come
-#: back taken, and none refused: a limit that ran out refuses what is in flight
-#: (a window refuses everything until it ends), so a throttle whose neighbours
-#: were taken was one id's (an item being rebuilt), wherever the rules of
-#: HOST_RUN put it. The pace, the pause and the gate return to what they
-#: were; the id itself still waits its Retry-After. Only a fresh refusal in
-#: flight at the reaction, in the voice of its throttle, confirms it as the
-#: host's: an id's repeat (the demo's item answering 503 four times) or a
-#: throttle in the other voice says nothing of the limit (confirmed by them,
-#: the demo's mix at 200 ids kept a Retry-After voice, and each later
-#: one-item 429 was the host's at once: 24 and 34 s in 2 of 9 runs, 10 to
-#: 12 s in the others and in 12 of 12 runs now). But a token bucket
-#: refills while it refuses, so at a pace a little over its rate most of
-#: what is in flight is taken too, and its throttles come one after another:
-#: when the last reaction taken back was within SLIDE_ANSWERS answers, this
-#: one's pause and gate return and its cut stays (taken back whole, each
-#: throttle of a bucket of 100 r/s with a burst of 100 left the pace over
-#: it: 51 and 53 refusals in two runs, 1.07 and 1.08 x; 33 and 38, 1.03 x,
-#: with this rule). Many ids' own throttles close together are cut so too,
-#: and a slide then tells them apart (see SLIDE_ANSWERS). (The demo, whose
-#: server has no limit: 8.1 to 8.6 s without taking back, 4.8 to 6.8 s with
-#: it, before an id's repeats after the host's throttle were left out of
-#: HOST_RUN's counts too; 4.8 to 6.1 s, and 7.3 s once in ten, now.)
-UNDO_OKS = 2
-
-#: A host's refusals that go on while its pace falls are not its limit. A
-#: limit takes about the same pace whatever it is sent above it, so its
-#: refusals stop once the pace reaches it; a host where many ids are in
-#: trouble of their own (items being rebuilt, per-object limits) refuses
-#: the same share of ids at any pace, and each reaction to them cuts a pace
-#: that the reaction before had already cut: the demo's mix (16% of ids
-#: refused for their own reasons) took a server with no limit from 16 r/s
-#: to 0.5 r/s in 8 s. A slide is a run of reactions each within
-#: SLIDE_ANSWERS answers of the one before. When the rate in a slide has
-#: fallen to 1 / SLIDE_FALL of the highest it was set to, SLIDE_MORE
-#: reactions more still came, and the host refused SLIDE_SHARE of the
-#: requests or fewer over the slide (fresh refusals, not an id's repeats:
-#: a pace three times over a limit has two thirds of its requests refused),
-#: those refusals were the ids' own: the gate returns to what it was before
-#: the slide, and from then on the host's share of such refusals is its
-#: trouble: a throttle is the host's only when it is TROUBLE_MARGIN times
-#: that share of its last answers or more (never at once, whatever its
-#: Retry-After), or the HOST_RUN x TROUBLE_MARGIN-th in a row. The worst
-#: fall seen within such a run of quick reactions at a real limiter was to
-#: half the highest rate (nginx's 50 r/s and a limit halved mid-run).
-SLIDE_ANSWERS = PROBE_REQUESTS // 2
-SLIDE_FALL = 3.0
-SLIDE_MORE = 2
-SLIDE_SHARE = 1.0 / 3.0
-TROUBLE_MARGIN = 3
-
-#: Long windows with no Retry-After come round at a period: from one window's
-#: opening (a probe taken after a long spell of refusals) to the next. Once
-#: it is known, the probes wait until PERIOD_SLACK x the period before the
-#: next opening is due, then step by PERIOD_SLACK x the period: a few probes
-#: a window, not one for each quarter of the time refused so far. The last
-#: opening may have come any time since the last refusal before it (its
-#: spread: a probe pause that ended just after a window opened says nothing
-#: of how long it had been open), so the steps begin that much earlier, and
-#: are SPREAD_STEPS over the spread at most: stepping 0.2 s at a time across
-#: a spread of 7.6 s cost 45 refusals (600 per 10 s); now about 9, and that
-#: opening is found a step late at most.
-PERIOD_SLACK = 0.02
-SPREAD_STEPS = 8
-
-#: ALLOWANCE: a long quota window (so many requests a minute or an hour) ends
-#: with a Retry-After over SHORT_PAUSE, or a spell of refusing everything
-#: longer than SHORT_PAUSE. All the requests in flight then are refused. What
-#: the window took is the next one's allowance: once that many are sent, the
-#: host gets one request at a time, so the next window's end costs one
-#: refusal, not --concurrency of them. An answer past the allowance (the
-#: window grew, or the first was cut short by the run's start) lifts it.
-STARVED_SHARE = 0.25
-STARVED_FOR = 2
 
 #: Seconds of history behind the requests-per-second figure and the ETA.
 RATE_WINDOW = 10.0
@@ -500,12 +221,9 @@ MAX_WAIT = 1.0
 
 #: The interpreter's thread switch interval during a run (CPython's default
 #: is 5 ms). A paced request goes out when its worker gets the interpreter,
-#: up to a switch interval after its slot, and the next one may be on time:
-#: a limit with no burst refuses that pair (nginx's 50 r/s refused requests
-#: sent 16 to 18 ms apart at 44 to 47 r/s). With 1 ms, the sends' spread
-#: around their neighbours' (p99) fell from 2.5 to 6 ms to 1.5 to 3 ms. It
-#: costs CPU (5 to 10% more per request with 32 workers and no limit), so it
-#: starts with --rate, or once a host is paced.
+#: up to a switch interval after its slot, and a limit with no slack refuses
+#: two requests that jitter brought closer than its rate. It costs some CPU per
+#: request, so it starts with --rate, or once a host is paced.
 SWITCH_INTERVAL = 0.001
 
 #: The reason a TLS handshake or certificate check failed: no retry will fix it.
@@ -607,22 +325,10 @@ class Cause(Enum):
     TRANSPORT = "transport"  #: any other failure of the connection, the redirect or the answer's framing
     DOT_SEGMENT = "dot segment"  #: an id that would be a path step: never sent
     MAY_HAVE_BEEN_PROCESSED = "may have been processed"  #: a POST that failed past the point of no return
+    THROTTLED = "throttled"  #: an answer that says it is a rate limit: a 403 or a GraphQL 200 so marked
 
 
 CAUSES = frozenset(cause.value for cause in Cause)
-
-
-class Answer(Enum):
-    """What one answer says of its host's pace (Host.recent keeps the last second's, PACE_ANSWERS at least)."""
-
-    OK = "ok"  #: any answer but a throttle: a 404 or a 500 says nothing of pace
-    THROTTLE = "throttle"  #: a 429
-    BUSY = "busy"  #: a 503
-    OTHER = "other"  #: no answer at all: a timeout, a dropped connection
-    AGAIN = "again"  #: an id throttled again, not the host's at once: its trouble, not the pace (see HOST_RUN)
-
-
-REFUSALS = frozenset({Answer.THROTTLE, Answer.BUSY})  #: the answers that say "not now"
 
 
 class Bucket(Enum):
@@ -736,6 +442,9 @@ class Outcome:
     excerpt: str = ""
     unreached: bool = False  #: the request never reached the host: see never_connected
     cause: Cause = Cause.STATUS  #: what kind of failure, for recommend
+    throttle: bool = False  #: a refusal that says "not now" (see Host): 429, 503, or a rate limit said
+    said: bool = False  #: the answer says it is a rate limit (see rate_limit_sign): the host's, always
+    quota: Optional[Declared] = None  #: the quota its headers declared, whatever its status
 
 
 @dataclass
@@ -747,7 +456,8 @@ class Item:
     tries: int = 0
     host: str = ""  #: the origin it is sent to: throttles and caps are per host
     sent: float = -1.0  #: when its last request started (-1: never, in this pass)
-    refused: bool = False  #: its last answer was a throttle, its own or the host's (see HOST_RUN)
+    refused: bool = False  #: its last answer was a refusal of its own: a new one is no fresh sign (see Host)
+    turned_away: bool = False  #: the host refused it: it goes behind the ids ready, so probes rotate over them
 
 
 @dataclass(frozen=True)
@@ -992,6 +702,118 @@ def bounded_wait(seconds: Optional[float]) -> float:
     return max(MIN_WAIT, seconds)
 
 
+@dataclass(frozen=True)
+class Declared:
+    """A quota one answer declared: requests left, seconds until the quota
+    renews, its size if said, and the bucket it is of (GitHub's
+    X-RateLimit-Resource, Discord's X-RateLimit-Bucket; "" for the host's one)."""
+
+    remaining: float
+    reset: float
+    limit: Optional[float] = None
+    bucket: str = ""
+
+
+#: The header families a quota is declared in, as (remaining, reset, limit,
+#: bucket) names; the first family an answer carries is read. Reset values
+#: are seconds left, an epoch time (told apart by size), a duration ("6m0s",
+#: "12ms") or an RFC 3339 time. RateLimit / RateLimit-Policy structured
+#: fields (IETF draft -08 on) are read by structured_quota.
+QUOTA_FAMILIES = (
+    ("x-ratelimit-remaining-requests", "x-ratelimit-reset-requests", "x-ratelimit-limit-requests", None),  # OpenAI
+    ("anthropic-ratelimit-requests-remaining", "anthropic-ratelimit-requests-reset",
+     "anthropic-ratelimit-requests-limit", None),
+    ("x-ratelimit-remaining", ("x-ratelimit-reset-after", "x-ratelimit-reset"), "x-ratelimit-limit",
+     ("x-ratelimit-resource", "x-ratelimit-bucket")),  # GitHub, Reddit, Discord, most gateways
+    ("x-rate-limit-remaining", "x-rate-limit-reset", "x-rate-limit-limit", None),  # X
+    ("ratelimit-remaining", "ratelimit-reset", "ratelimit-limit", None),  # IETF draft up to -06
+)
+
+#: A reset value given as a Go-style duration (OpenAI): "1h2m3.5s", "6m0s", "12ms".
+DURATION_PARTS = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?!s))?(?:(\d+(?:\.\d+)?)s)?"
+                            r"(?:(\d+(?:\.\d+)?)ms)?$")
+
+#: An epoch time is past this (2001); a count of seconds left is not.
+EPOCH_FROM = 1e9
+
+
+def header_number(value: Optional[str]) -> Optional[float]:
+    """A finite, non-negative number ("59", "598.0", "100, 100;w=60" takes its
+    first); None for anything else."""
+    try:
+        number = float(value.split(",")[0].split(";")[0].strip())
+    except (AttributeError, ValueError):
+        return None
+    return number if math.isfinite(number) and 0 <= number <= 1e12 else None
+
+
+def reset_seconds(value: Optional[str], now: float) -> Optional[float]:
+    """Seconds from `now` (epoch) until a quota renews, from any form a
+    reset is sent in; a reset already past is 0, and one beyond
+    MAX_RETRY_AFTER or unreadable is None (ignored)."""
+    value = (value or "").strip()
+    number = header_number(value) if value[:1].isdigit() and "T" not in value else None
+    match = DURATION_PARTS.match(value) if number is None and value else None
+    if number is not None:
+        seconds = number - now if number > EPOCH_FROM else number
+    elif match and any(match.groups()):
+        h, m, s, ms = (float(part or 0) for part in match.groups())
+        seconds = h * 3600 + m * 60 + s + ms / 1000
+    else:
+        try:
+            when = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+            seconds = (when if when.tzinfo else when.replace(tzinfo=timezone.utc)).timestamp() - now
+        except (ValueError, OverflowError):
+            return None
+    if not -MAX_RETRY_AFTER <= seconds <= MAX_RETRY_AFTER:
+        return None
+    return max(0.0, seconds)
+
+
+def sf_members(value: Optional[str]) -> dict:
+    """A structured-field list as name -> {parameter: value}; draft -07's bare
+    key=value members (limit=100, remaining=50, reset=30) go under ""."""
+    members = {}
+    for member in (value or "").split(","):
+        head, *params = (part.strip() for part in member.split(";"))
+        if "=" in head:
+            params, head = [head, *params], ""
+        members.setdefault(head.strip('"'), {}).update(p.split("=", 1) for p in params if "=" in p)
+    return members
+
+
+def structured_quota(headers) -> Optional[Declared]:
+    """RateLimit: "name";r=50;t=30, sized by RateLimit-Policy: "name";q=100;w=60
+    (IETF draft -08 on), or draft -07's RateLimit: limit=100, remaining=50,
+    reset=30. Of several quotas, the one with the fewest left."""
+    policies, found = sf_members(headers.get("ratelimit-policy")), []
+    for name, params in sf_members(headers.get("ratelimit")).items():
+        remaining = header_number(params.get("r", params.get("remaining")))
+        reset = reset_seconds(params.get("t", params.get("reset")), 0.0)
+        size = header_number(policies.get(name, {}).get("q", params.get("limit")))
+        if remaining is not None and reset is not None:
+            found.append(Declared(remaining, reset, size, shown_text(name)[:40]))
+    return min(found, key=lambda quota: quota.remaining, default=None)
+
+
+def declared_quota(headers, now: float) -> Optional[Declared]:
+    """The quota an answer's headers declare (any status), or None: no
+    dialect found, or its values malformed or absurd (ignored, never raised)."""
+    for remaining_name, reset_names, limit_name, bucket_names in QUOTA_FAMILIES:
+        remaining = header_number(headers.get(remaining_name))
+        if remaining is None:
+            continue
+        names = reset_names if isinstance(reset_names, tuple) else (reset_names,)
+        reset = next((r for r in (reset_seconds(headers.get(n), now) for n in names if headers.get(n)) if r is not None),
+                     None)
+        if reset is None:
+            return None
+        buckets = bucket_names or ()
+        bucket = next((headers.get(n) for n in buckets if headers.get(n)), "")
+        return Declared(remaining, reset, header_number(headers.get(limit_name)), shown_text(bucket)[:40])
+    return structured_quota(headers) if "ratelimit" in headers else None
+
+
 class Move(Enum):
     """What one attempt's outcome does to its id (see next_step)."""
 
@@ -1011,12 +833,11 @@ class Step:
     outcome: Optional["Outcome"] = None  #: FAIL, GIVE_UP, UNAVAILABLE: what is recorded (its error may say more)
 
 
-def next_step(out: "Outcome", tries: int, pass_no: int, cfg: "Config", paced: bool, stopping: bool,
+def next_step(out: "Outcome", tries: int, pass_no: int, cfg: "Config", stopping: bool,
               rand: Callable[[], float]) -> Step:
     """The one decision of the run: what outcome `out` of the id's try number
-    `tries` in pass `pass_no` means. `paced`: its host's pace is set (it has
-    limited before), so a 429 with no Retry-After is a near miss of that
-    pace, asked again at the host's next slot. `stopping`: the run is
+    `tries` in pass `pass_no` means (a refusal the host's gate took as the
+    host's never comes here: see Settler.observe). `stopping`: the run is
     stopping, and a retryable failure is left pending, not recorded."""
     if out.bucket is Bucket.OK:
         return Step(Move.DONE)
@@ -1036,7 +857,7 @@ def next_step(out: "Outcome", tries: int, pass_no: int, cfg: "Config", paced: bo
                                              f"(over --max-backoff {cfg.max_backoff:g} s)")
     elif tries < cfg.tries:
         if wait is None:
-            wait = 0.0 if out.status == 429 and paced else backoff_delay(tries, cfg.backoff, cfg.max_backoff, rand)
+            wait = backoff_delay(tries, cfg.backoff, cfg.max_backoff, rand)
         return Step(Move.RETRY, wait)
     if pass_no >= cfg.passes:
         return Step(Move.GIVE_UP, outcome=out)
@@ -1069,7 +890,7 @@ def recommend(bucket: Bucket, status: Optional[int], cause: Cause, reason: str, 
             return "fix the URL or the host, then rerun with --retry-unavailable"
         return f"{status} is not retried: check {item} upstream, or add {status} to --retry"
     after = f"after {passes} pass{'es' if passes != 1 else ''}"
-    if status == 429:
+    if status == 429 or cause is Cause.THROTTLED:
         return f"host still throttling {after}: lower --rate or --concurrency, then rerun with --retry-unavailable"
     if cause is Cause.TIMEOUT:
         return f"still timing out {after}: raise --timeout, or rerun later with --retry-unavailable"
@@ -1296,565 +1117,258 @@ class Redactor:
 
 # --------------------------------------------------------------- host gates
 
+#: Slow start: a low limit is met by a handful of requests, not by
+#: --concurrency of them; each answer adds half a request (x1.5 a round trip).
+START_LIMIT = 4
+SLOW_START_STEP = 0.5
 
-@dataclass
-class Pace:
-    """The rate a host is sent at, once it has limited (None before): cut to
-    CUT_FACTOR of the pace it took, then climbing back (see CUT_FACTOR)."""
+#: The answers the share rule counts refusals in, and a background sample's
+#: size. The pace a host took is the lower of its pace over them and over
+#: the last RATE_SPAN (the unit most limits are stated in): a burst is no pace.
+SHARE_ANSWERS = 50
+RATE_SPAN = 1.0
 
-    rate: Optional[float] = None  #: req/s ceiling, once the host has throttled
-    peak: Optional[float] = None  #: the pace the host accepted at the last cut: the cubic's anchor
-    plateau: float = PLATEAU  #: seconds the cubic stays near the peak: longer after a pause
-    steady_cuts: int = 0  #: cuts in a row at about the same peak
-    fast: bool = False  #: the first cut's guess stands: the rate grows by FAST_GROWTH an answer
-    halved: bool = False  #: the peak is half a first guess the host refused: no measure yet (see OVERSHOOT)
-    tight: bool = False  #: the first burst was refused but one request: a limit with no burst
-    lower: bool = False  #: the peak is a lower bound: the rate doubles every LOWER_DOUBLING seconds
-    windowed: bool = False  #: the host's limit is a window: a late slot is made up (see WINDOW_MARGIN)
+#: Refusals are the host's past its background bN + SHARE_SIGMAS * sqrt(bN) + 1:
+#: so many standard deviations of a Poisson count, and never one refusal alone.
+SHARE_SIGMAS = 2.0
 
-    def grow(self, since_cut: float) -> None:
-        """An answer that was not a throttle, `since_cut` seconds after the last cut."""
-        if self.rate and self.fast:
-            self.rate += FAST_GROWTH
-        elif self.rate and self.lower:
-            self.rate = max(self.rate, self.peak * 2.0 ** min(since_cut / LOWER_DOUBLING, LOWER_MAX_DOUBLINGS))
-        elif self.rate:
-            self.rate = max(self.rate, self.peak * cubic_pace(since_cut, self.plateau))
+#: CUBIC's two constants (RFC 9438), its window counted in requests a second:
+#: the cut to BETA x W_max, and the curve's scale.
+BETA = 0.7
+CUBIC_C = 0.4
 
-    def cut(self, answers: int, refused: int, span: float, guess: bool, cost: float,
-            whole: bool = False, lower: bool = False, plain: bool = False, calm: bool = False) -> None:
-        """What the host took (see pace_taken): `answers` and `refused` over
-        `span` seconds, a guess or not; a probe past it costs `cost` s of
-        pause; `whole`: a window measured from one opening to the next;
-        `lower`: measured up to a pause's end, a lower bound (see WINDOW_MARGIN);
-        `plain`: the throttle came with no Retry-After (see JITTER_CUT);
-        `calm`: the host refused THROTTLE_SHARE or less of its last second too."""
-        previous, jitter, lagging = self.peak, False, False
-        span = max(span, MIN_WAIT)  # answers all at one instant: over a millisecond, not over no time at all
-        self.halved = False  # a cut measures: the guess's half is gone (see OVERSHOOT)
-        if self.rate is None:  # a burst's own pace: a guess (see FAST_GROWTH)
-            took = answers + refused if answers <= 1 else answers
-            self.peak, self.fast, self.tight = max(took, 1) / max(GUESS_SPAN, span), guess, answers <= 1
-        else:
-            # never more than was sent; a window's answers over the time between its openings are its allowance
-            accepted = answers / (span if whole else max(span, answers / self.rate))
-            sent = (answers + refused) / max(span, (answers + refused) / self.rate)  # refusals included
-            took_all = refused <= THROTTLE_SHARE * answers or calm  # the pace was about right, just over the limit
-            if guess or not answers:  # nothing taken since the window opened is no measure either
-                accepted = max(accepted, self.rate * guess_floor(span))
-            if whole or not took_all:
-                self.peak = accepted
-                lagging = self.fast and self.tight  # see FAST_GROWTH
-                if self.tight and not whole and refused <= LAG_SHARE * answers:  # it just crossed a limit with no burst
-                    self.peak = sent
-            elif guess or self.fast:
-                self.peak = self.rate
-            else:  # the pace it was sent: the refused requests' slots are jitter, not a lower limit
-                self.peak = accepted if plain and not self.tight else sent  # a burst absorbs jitter: see CUT_FACTOR
-                jitter = plain  # no Retry-After, so no pause either: see JITTER_CUT
-            self.fast = self.fast and guess and took_all
-        tripped = cost > 0 and not whole  # the pace sent tripped a window: over its allowance
-        if tripped:
-            self.peak *= 1.0 - WINDOW_MARGIN
-        share = 1.0 - WINDOW_MARGIN if tripped else 1.0 if lower or lagging else JITTER_CUT if jitter else CUT_FACTOR
-        self.rate = max(MIN_RATE, share * self.peak)
-        self.lower, self.windowed = lower, self.windowed or lower or cost > 0
-        steady = self.steady(previous)  # a steady limit whose probe costs a pause is probed less and less often
-        self.plateau = probe_plateau(self.peak, cost, steady)
+#: A host that refuses everything, with no Retry-After, is probed one request
+#: at a time after this share of the time it has refused so far: its window's
+#: end is found late by that share at most.
+PROBE_SHARE = 0.25
 
-    def overshot(self) -> None:
-        """The first guess was refused before the host took a request sent
-        at it: over the limit (see OVERSHOOT)."""
-        self.peak, self.fast, self.halved = OVERSHOOT * self.peak, False, True
-        self.rate = max(MIN_RATE, CUT_FACTOR * self.peak)
-        self.plateau = probe_plateau(self.peak)
+#: Slack after a declared reset, for two clocks a little apart.
+QUOTA_MARGIN = 0.1
 
-    def steady(self, previous: Optional[float]) -> int:
-        """Cuts in a row at a peak within STEADY_BAND of the one before (STEADY_MAX at most)."""
-        near = previous is not None and abs(self.peak - previous) <= STEADY_BAND * previous
-        self.steady_cuts = min(STEADY_MAX, self.steady_cuts + 1) if near else 0
-        return self.steady_cuts
+#: A rate-limit 403 that says nothing of when: a minute, doubled for each in a
+#: row (the rule GitHub documents for its secondary limits).
+SECONDARY_WAIT = 60.0
 
 
 @dataclass
 class Quota:
-    """A host's quota windows, as its answers show them (see ALLOWANCE,
-    PERIOD_SLACK, SHORT_PAUSE): spells of refusing everything with no
-    Retry-After, what a long window allows and when the next one opens."""
+    """A declared quota as the gate keeps it: requests it may still send
+    before `reset_at` (the run's clock), and the quota's size if declared."""
 
-    starved_since: Optional[float] = None  #: refusing everything since, with no Retry-After
-    #: the last two such spells: (from, until, oks by then, how late until may be: see closed_window)
-    spells: deque = field(default_factory=lambda: deque(maxlen=2))
-    oks: int = 0  #: answers that were not throttles, ever
-    allowance: Optional[int] = None  #: what the last long window took: past it, one probe at a time
-    opened_oks: int = 0  #: oks when the current long window opened
-    sent_in_window: int = 0  #: requests started since then
-    opened: Optional[float] = None  #: when the current long window opened, found by a probe
-    period: Optional[float] = None  #: seconds from the long window before to this one
-    spread: float = 0.0  #: how late the probe may have found this one: the time since the last refused
+    left: float
+    reset_at: float
+    limit: Optional[float] = None
+    remaining: float = 0.0  #: what the server last said is left, as shown
 
-    def accepted(self, now: float, first_answer: float, refused_at: float) -> None:
-        """An answer that was not a throttle: a spell of refusals (the last at refused_at) ends."""
-        if self.starved_since is not None:
-            self.spells.append((self.starved_since, now, self.oks, now - refused_at))
-            if now - self.starved_since > SHORT_PAUSE:  # a long window's end: this probe is the next one's first
-                self.long_window_ends(sent=1)
-                self.period = now - (first_answer if self.opened is None else self.opened)
-                self.opened, self.spread = now, now - refused_at
-        self.starved_since = None
-        self.oks += 1
-        if self.allowance is not None and self.oks - self.opened_oks > self.allowance:
-            self.allowance = None  # this window allows more than the last
-
-    def probe_pause(self, now: float) -> float:
-        """The pause before the next probe of a host refusing everything with
-        no Retry-After: STARVED_SHARE of the time it has refused so far
-        (PROBE_FIRST at least). When its long windows have a known period
-        (see PERIOD_SLACK), until just before the next is due, then steps
-        of PERIOD_SLACK x the period (or a SPREAD_STEPS-th of the spread)
-        until a quarter period past it. The last opening may have been found
-        late by its spread: the steps begin that much earlier."""
-        pause = max(PROBE_FIRST, STARVED_SHARE * (now - self.starved_since))
-        if self.period is None:
-            return pause
-        due = self.opened + self.period
-        early = due - PERIOD_SLACK * self.period - self.spread
-        if now < early:
-            return early - now
-        if now < due + STARVED_SHARE * self.period:
-            return max(PROBE_FIRST, PERIOD_SLACK * self.period, self.spread / SPREAD_STEPS)
-        return pause
-
-    def spent(self) -> bool:
-        """The long window's allowance is sent (see ALLOWANCE)."""
-        return self.allowance is not None and self.sent_in_window >= self.allowance
-
-    def long_window_ends(self, sent: int) -> None:
-        """A long quota window (see ALLOWANCE) ended: what it took is the next one's allowance."""
-        self.allowance = self.oks - self.opened_oks
-        self.opened_oks, self.sent_in_window = self.oks, sent
-
-    def after_short_spell(self, before: float, now: float) -> Optional[tuple]:
-        """pace_taken's answer for short quota windows with no Retry-After: the
-        host refused everything for a spell (SHORT_PAUSE seconds or less)
-        since `before`, and for one more before it. The first answer after a
-        spell is a window's first: what the host took from one such answer to
-        the next, over the time between them, is its allowance per window.
-        None when that is not the case, when so few answers are a guess, when
-        the throttle at `now` ends a later window than the one the last spell
-        opened (over WINDOW_FRESH windows after it: the pace stayed under the
-        allowance that long, then grew past it), or when the spell is under
-        SPELL_SHARE of that time: a leaky bucket paced just past its rate
-        refuses for a probe's pause now and then, and its pace is what it
-        takes between them, not over them."""
-        if len(self.spells) < 2:
-            return None
-        (_, opened, _, _), (_, ended, _, _) = self.spells
-        if ended <= before or now - ended > WINDOW_FRESH * (ended - opened):
-            return None
-        return self.closed_window(opened)
-
-    def closed_window(self, first_answer: float) -> Optional[tuple]:
-        """The short quota window the last spell of refusals ended, as
-        pace_taken gives it: what the host took from the window's opening
-        (the end of the spell before, or its first answer) to the end of
-        this spell, over the time between them. None when so few answers
-        are a guess, or when the spell is not a window's (see after_short_spell).
-        A spell's end is the first answer after it: the window opened at some
-        time since the last refusal before it, and the middle of that gap is
-        taken as its opening (taking its end, a per-second window found 0.1 s
-        late was paced at 0.9 of a 9% short measure for 20 s: 1.09 to 1.12 x
-        the window arithmetic in three runs, against 1.07 x in three now)."""
-        began, ended, last, late = self.spells[-1]
-        opened, first, early = self.spells[0][1:] if len(self.spells) > 1 else (first_answer, 0, 0.0)
-        if ended - began > SHORT_PAUSE or ended - opened > 2 * SHORT_PAUSE:
-            return None
-        if ended - began < SPELL_SHARE * (ended - opened) or last - first < PACE_ANSWERS:
-            return None
-        return last - first, 0, (ended - late / 2) - (opened - early / 2), False, ended - began
-
-    def starved_for(self, now: float) -> float:
-        """Seconds the host has refused everything sent after a reaction (0: it has not)."""
-        return 0.0 if self.starved_since is None else now - self.starved_since
-
-
-@dataclass
-class Slide:
-    """A run of reactions to a host's throttles, each within SLIDE_ANSWERS
-    answers of the one before (see SLIDE_ANSWERS)."""
-
-    before: tuple  #: the gate before its first reaction (Host.snapshot)
-    answers: int  #: the host's answers that were not refusals, when it began
-    refused: int  #: the host's fresh refusals, when it began
-    top: float = 0.0  #: the highest rate a reaction in it set
-    below: int = 0  #: its reactions that left the rate at 1 / SLIDE_FALL of top or less
-
-    def share(self, answers: int, refused: int) -> float:
-        """The share of fresh refusals among the host's answers since it began."""
-        fresh = refused - self.refused
-        return fresh / max(1, fresh + answers - self.answers)
+    def pace(self, now: float, wanted: int) -> Optional[float]:
+        """What is left spread evenly up to the reset; None when it is spent or
+        over, or when the `wanted` requests ready to go cannot spend it."""
+        return self.left / (self.reset_at - now) if 1 <= self.left <= wanted and self.reset_at > now else None
 
 
 @dataclass
 class Host:
-    """One origin's gate: a pause, a concurrency limit, a Pace and a Quota.
+    """One origin's gate: how many requests may be in flight, and when the next may go.
 
-    Answers feed it: succeeded (any answer but a throttle: a 404 or a 500
-    says nothing about pace), throttled (429, 503; the host's or one id's,
-    see HOST_RUN) and unreachable. The host's throttle of a request sent
-    after its last reaction is a new one: the pause its Retry-After asks for,
-    the cut (see CUT_FACTOR) and half the concurrency; or, when nothing was
-    accepted since the last reaction and there is no Retry-After, a probe
-    pause (see PROBE_FIRST), and a first guess falls (see OVERSHOOT).
-    Throttles of requests in flight at a reaction are part of it. Until its
-    first reaction a host is in slow start (see START_LIMIT and
-    SLOW_START_ROUND); after it, each success adds 1 / limit. A host that
-    DOWN_AFTER requests in a row never reached is down: one probe at a time,
-    each after a longer pause, until any answer comes back (see unreachable).
+    1. A declared quota is believed (see declared_quota): what is left, less what
+       is in flight, is spread evenly up to its reset when the ids ready could
+       spend it; at none left, nothing goes until the reset + QUOTA_MARGIN, then
+       one request until an answer declares the new window. The tightest bucket governs.
+    2. Otherwise slow start: START_LIMIT in flight, SLOW_START_STEP more per answer.
+    3. A fresh refusal (429 or 503 of an id not refused for itself just before) is
+       the host's when the fresh refusals among its last SHARE_ANSWERS answers sent
+       after the last cut exceed bN + SHARE_SIGMAS * sqrt(bN) + 1; b is the share it
+       refused while paced below a cut (one in N until measured). A refusal that
+       says it is a rate limit is the host's; any other is the id's: it waits alone.
+    4. The host's refusal of a request sent after the last cut is a cut (so one per
+       round trip): W_max is the pace it took, the rate BETA x W_max, then CUBIC's
+       W(t) = CUBIC_C (t - K)^3 + W_max, K = cbrt(W_max (1 - BETA) / CUBIC_C).
+       Cuts in a row that do not bring the refusals under the bar within N answers
+       were not the limit's: the limit is forgotten, and b has learnt their share.
+    5. The host's refusal after a cut with nothing taken since: a window ran out.
+       One request at a time, paused for its Retry-After, or, with none, for
+       PROBE_SHARE of the time refused so far; only then does a Retry-After pause
+       the host. --rate and --per-host bound it all.
     """
 
-    limit: float  #: concurrency ceiling, between 1 and --concurrency
     cap: int  #: --per-host, or --concurrency
+    longest: float = 60.0  #: --max-backoff: no slot or probe of the model waits longer
+    limit: float = float(START_LIMIT)  #: in flight at most, in slow start
     ready: deque = field(default_factory=deque)  #: items whose time has come
     inflight: int = 0
     paused_until: float = 0.0
-    pace: Pace = field(default_factory=Pace)  #: its rate, once it has limited
-    slow_start: bool = False  #: no reaction yet: the limit grows by SLOW_START_STEP a success
-    first_sent: float = float("inf")  #: when its first request left
     next_slot: float = 0.0
-    reacted_at: float = float("-inf")  #: the last reaction to the host's throttle
-    window_start: float = float("-inf")  #: when the last Retry-After pause ended
-    first_answer: float = float("inf")
-    last_ok: float = float("-inf")  #: the last answer that was not a throttle
-    passed_sent: float = float("-inf")  #: when the last request it did not throttle left (see PROBE_FIRST)
-    recent: deque = field(default_factory=deque)  #: (time, kind) of the last second's answers, PACE_ANSWERS at least
-    run: int = 0  #: throttles in a row
-    quota: Quota = field(default_factory=Quota)  #: its windows, spells of refusals and allowance
+    first_sent: Optional[float] = None
+    recent: deque = field(default_factory=deque)  #: (time, fresh refusal, taken, sent) of its last answers
+    w_max: Optional[float] = None  #: the pace taken at the last cut (None: never cut)
+    cut_at: float = -math.inf
+    last_ok: float = -math.inf  #: its last answer that was no refusal
+    refusing_since: Optional[float] = None  #: refusing everything since (see 5)
+    in_a_row: int = 0  #: its refusals since its last answer that was none
+    sample: Optional[list] = None  #: answers and fresh refusals since a cut (and the cuts after it), until N
+    below: list = field(default_factory=lambda: [0, 0])  #: the same, summed over every sample completed
+    quotas: dict = field(default_factory=dict)  #: bucket -> Quota
     unreached: int = 0  #: requests in a row that never reached the host
-    down_since: Optional[float] = None  #: when it was taken as down
-    probes: int = 0  #: probes that failed since then
+    down_since: Optional[float] = None
+    probes: int = 0  #: probes that failed since it went down
     probing: bool = False  #: the one request let through while down is out
-    limit_up: float = 1.0  #: the concurrency limit to return to once it answers
-    undo: Optional[tuple] = None  #: the gate before a reaction to a short Retry-After, until it is confirmed
-    undo_oks: int = 0  #: requests in flight at that reaction taken since, none refused (see UNDO_OKS)
-    undone_at: int = -SLIDE_ANSWERS  #: the host's answers when a reaction was last taken back (see UNDO_OKS)
-    voice: Optional[bool] = None  #: its limit sends a Retry-After, as its first reaction's throttle did
-    answers: int = 0  #: answers that were not refusals, ever (timeouts and an id's repeats included)
-    refused: int = 0  #: fresh refusals, ever: throttles that were not an id's repeats
-    since_reaction: int = 0  #: answers since the last reaction (see SLIDE_ANSWERS)
-    slide: Optional[Slide] = None  #: the last run of quick reactions
-    trouble: float = 0.0  #: the share of ids the host refuses for their own reasons (see SLIDE_ANSWERS)
+
+    def rate(self, now: float) -> Optional[float]:
+        """The CUBIC rate at `now`, req/s (None: the host was never cut)."""
+        if self.w_max is None:
+            return None
+        k = (self.w_max * (1.0 - BETA) / CUBIC_C) ** (1.0 / 3.0)
+        return max(CUBIC_C * (now - self.cut_at - k) ** 3 + self.w_max, 1.0 / self.longest)  # BETA x W_max at the cut
 
     def opens_at(self, now: float) -> Optional[float]:
         """When the gate lets the next request through: now, later, or None (full)."""
-        one = self.quota.starved_since is not None or self.quota.spent() or self.passed_sent < self.reacted_at
-        ceiling = 1 if one else min(self.cap, int(self.limit))
+        renewed = any(q.reset_at + QUOTA_MARGIN <= now for q in self.quotas.values())
+        one = self.down_since is not None or self.refusing_since is not None or renewed
+        ceiling = 1 if one else min(self.cap, int(self.limit)) if self.w_max is None else self.cap
         if self.inflight >= ceiling:
             return None
-        return max(now, self.paused_until, self.next_slot)
+        spent = [q.reset_at + QUOTA_MARGIN for q in self.quotas.values() if q.left < 1]
+        return max(now, self.paused_until, self.next_slot, *spent)
 
     def start(self, now: float) -> None:
         self.inflight += 1
-        self.first_sent = min(self.first_sent, now)
-        self.quota.sent_in_window += 1
+        self.first_sent = now if self.first_sent is None else self.first_sent
         self.probing = self.down_since is not None
-        if self.pace.rate:
-            slot = 1.0 / self.pace.rate
-            made_up = self.pace.windowed and now - slot <= self.next_slot < now  # see WINDOW_MARGIN
-            self.next_slot = (self.next_slot if made_up else max(self.next_slot, now)) + slot
+        paces = [p for p in (self.rate(now), *(q.pace(now, len(self.ready)) for q in self.quotas.values())) if p]
+        for quota in self.quotas.values():
+            quota.left -= 1
+        if paces:
+            self.next_slot = max(self.next_slot, now) + 1.0 / min(paces)
 
-    def answered(self, now: float, kind: Answer) -> None:
-        """Count one answer (see Answer) in the last second."""
-        self.inflight -= 1
-        self.first_answer = min(self.first_answer, now)
-        self.recent.append((now, kind))
-        while self.recent[0][0] < now - 1.0 and len(self.recent) > PACE_ANSWERS:
-            self.recent.popleft()
-        self.since_reaction += 1
-        self.refused += kind in REFUSALS
-        self.answers += kind not in REFUSALS
-        if kind in REFUSALS:
-            self.run += 1
-        elif kind is Answer.OK:
-            self.quota.accepted(now, self.first_answer, self.reacted_at)
-            self.run, self.last_ok = 0, now
+    def succeeded(self, now: float, sent: float, declared: Optional[Declared] = None) -> None:
+        """Any answer but a refusal (a 404 or a 500 says nothing of pace)."""
+        self.answered(now, sent, declared, fresh=False, taken=True)
+        self.last_ok, self.refusing_since, self.in_a_row = now, None, 0
+        if self.w_max is None:
+            self.limit = min(self.cap, self.limit + SLOW_START_STEP)
 
     def unanswered(self, now: float, sent: float) -> None:
-        """A request sent at `sent` that reached the host and got no answer (a
-        timeout, a dropped connection): no growth, but no throttle either."""
-        self.answered(now, Answer.OTHER)
-        self.passed_sent = max(self.passed_sent, sent)
+        """A request that reached the host and got no answer (a timeout, a drop): no sign either way."""
+        self.answered(now, sent, None, fresh=False, taken=False)
 
-    def forgettable(self, now: float, ceiling: int) -> bool:
+    def throttled(self, now: float, sent: float, wait: Optional[float], fresh: bool = True,
+                  said: bool = False, declared: Optional[Declared] = None) -> bool:
+        """A refusal of a request sent at `sent`, asking `wait` s (None: not
+        said); `fresh`: the id's last answer was no refusal of its own; `said`: the answer
+        says it is a rate limit. True when it is the host's (see 3)."""
+        self.answered(now, sent, declared, fresh=fresh, taken=False)
+        spent = declared is not None and declared.remaining < 1
+        refusing = self.last_ok < self.cut_at  # nothing taken since the cut: it refuses everything (see 5)
+        if not (said or spent or refusing or sent <= self.cut_at or fresh and self.over_background()):
+            return False
+        self.in_a_row += 1
+        if spent or sent <= self.cut_at:  # the quota's gate waits for its reset; one cut per round trip
+            self.pause(now, wait if spent else None)
+            return True
+        if self.last_ok < self.cut_at:  # nothing taken since the cut: a window ran out (see 5)
+            self.refusing_since = self.cut_at if self.refusing_since is None else self.refusing_since
+            self.sample = None  # the cut did not hold: no measure of the background
+            probe = min(max(PROBE_SHARE * (now - self.refusing_since), 1.0 / self.rate(now)), self.longest)
+            self.pause(now, probe if wait is None else wait)
+        else:
+            self.cut(now)
+        return True
+
+    def pause(self, now: float, wait: Optional[float]) -> None:
+        if wait is not None:
+            self.paused_until = max(self.paused_until, now + wait)
+
+    def cut(self, now: float) -> None:
+        """W_max to the pace the host took; the rate to BETA x W_max (see 4)."""
+        self.w_max = min(self.taken(now, self.recent[max(0, len(self.recent) - SHARE_ANSWERS)][0]),
+                         self.taken(now, now - RATE_SPAN))
+        self.cut_at, self.sample = now, self.sample or [0, 0]  # cuts in a row share one sample (see 4)
+        self.next_slot = max(self.next_slot, now + 1.0 / self.rate(now))
+
+    def taken(self, now: float, since: float) -> float:
+        """The pace of the answers it took since `since` (not before its first request)."""
+        since = since if self.first_sent is None else max(since, self.first_sent)
+        taken = sum(1 for at, _, ok, _ in self.recent if ok and at >= since)
+        return max(taken, 1) / max(now - since, MIN_WAIT)
+
+    def answered(self, now: float, sent: float, declared: Optional[Declared], fresh: bool, taken: bool) -> None:
+        """One answer: counted in the last ones, and its declared quota kept (see 1)."""
+        self.inflight -= 1
+        self.recent.append((now, fresh, taken, sent))
+        while len(self.recent) > SHARE_ANSWERS and self.recent[0][0] < now - RATE_SPAN:
+            self.recent.popleft()
+        if self.sample is not None and sent > self.cut_at and self.rate(sent) < self.w_max:  # paced below it
+            self.sample[0], self.sample[1] = self.sample[0] + 1, self.sample[1] + fresh
+            if self.sample[0] >= SHARE_ANSWERS:
+                self.sampled()
+        for bucket in [b for b, q in self.quotas.items() if q.reset_at + QUOTA_MARGIN <= now]:
+            del self.quotas[bucket]  # renewed: the next declaration tells the new window
+        if declared is not None:
+            held, reset_at = self.quotas.get(declared.bucket), now + declared.reset
+            left = declared.remaining - self.inflight  # those in flight may not be counted yet
+            if held is not None and abs(held.reset_at - reset_at) < 1.0:  # the same window (resets are in seconds)
+                left = min(left, held.left)  # an answer that overtook a later one says more is left
+                reset_at = min(reset_at, held.reset_at)  # a reset in whole seconds is late by up to one
+            self.quotas[declared.bucket] = Quota(left, reset_at, declared.limit, declared.remaining)
+
+    def sampled(self) -> None:
+        """N answers paced below what the host refused: what it still refused is
+        its background. Were they still over the bar, the cuts brought no relief:
+        those refusals were the ids' own, and the limit believed in is forgotten."""
+        answers, fresh = self.sample
+        if fresh > self.bar():
+            self.w_max, self.cut_at = None, -math.inf
+        self.below, self.sample = [self.below[0] + answers, self.below[1] + fresh], None
+
+    def bar(self) -> float:
+        """The fresh refusals in N answers its background explains (see 3): one in N, until measured."""
+        expected = SHARE_ANSWERS * (self.below[1] + 1) / (self.below[0] + SHARE_ANSWERS)
+        return expected + SHARE_SIGMAS * math.sqrt(expected) + 1
+
+    def over_background(self) -> bool:
+        """Are the fresh refusals in its last answers, to requests sent after the
+        last cut (what the cut is judged by), more than its background explains?"""
+        last = itertools.islice(reversed(self.recent), SHARE_ANSWERS)
+        return sum(1 for _, fresh, _, sent in last if fresh and sent > self.cut_at) > self.bar()
+
+    def refusing_for(self, now: float) -> float:
+        """Seconds it has refused everything (0: it has not)."""
+        return 0.0 if self.refusing_since is None else now - self.refusing_since
+
+    def quota(self, now: float) -> Optional[tuple]:
+        """(bucket, Quota): the declared quota that governs now, the one with the fewest left."""
+        live = [(b, q) for b, q in self.quotas.items() if q.reset_at + QUOTA_MARGIN > now]
+        return min(live, key=lambda bq: bq[1].left, default=None)
+
+    def forgettable(self, now: float) -> bool:
         """Idle and as a new host would be: nothing is lost by dropping it."""
-        return not (self.ready or self.inflight or self.pace.rate or self.unreached) and \
-            (self.slow_start or self.limit >= ceiling) and self.paused_until <= now
+        return not (self.ready or self.inflight or self.w_max or self.quotas or self.unreached) and \
+            self.paused_until <= now
 
     def reached(self) -> None:
         """Any answer, even an error, or a failure after connecting: the host is there."""
         self.unreached = 0
         if self.down_since is not None:
-            self.down_since, self.probes, self.probing = None, 0, False
-            self.limit, self.paused_until = self.limit_up, 0.0
+            self.down_since, self.probes, self.probing, self.paused_until = None, 0, False, 0.0
 
     def unreachable(self, now: float, wait: Callable[[int], float]) -> bool:
         """A request that never reached the host; True when the host is down.
 
-        The DOWN_AFTER-th in a row takes it down: concurrency 1, paused for
-        wait(1). Requests already in flight then fail too, but only the one
-        let through after the pause is a probe: when it fails, the pause
-        before the next is wait(failed probes + 1).
+        The DOWN_AFTER-th in a row takes it down: one request at a time,
+        paused for wait(1). Requests already in flight then fail too, but
+        only the one let through after the pause is a probe: when it fails,
+        the pause before the next is wait(failed probes + 1).
         """
         self.inflight -= 1
         self.unreached += 1
         if self.down_since is None and self.unreached >= DOWN_AFTER:
-            self.down_since, self.limit_up, self.limit = now, self.limit, 1.0
+            self.down_since = now
             self.paused_until = max(self.paused_until, now + wait(1))
         elif self.probing:
             self.probing = False
             self.probes += 1
             self.paused_until = max(self.paused_until, now + wait(self.probes + 1))
         return self.down_since is not None
-
-    def succeeded(self, now: float, sent: float, ceiling: int) -> None:
-        """Any answer but a throttle, to a request sent at `sent`: the host
-        keeps up, so the pace may grow."""
-        spell = self.quota.starved_since is not None
-        self.passed_sent = max(self.passed_sent, sent)
-        self.answered(now, Answer.OK)
-        self.confirm(sent)
-        if self.slow_start:
-            grown = min(self.limit + SLOW_START_STEP, slow_start_limit(now - self.first_sent))
-            self.limit = min(ceiling, max(self.limit, grown))
-        else:
-            self.limit = min(ceiling, self.limit + 1.0 / self.limit)
-        never_paused = self.window_start == float("-inf")  # a host that sends a Retry-After is measured by it
-        window = spell and never_paused and self.quota.closed_window(self.first_answer)
-        if window:  # a short window with no Retry-After ended: the next is sent at its pace (see SHORT_PAUSE)
-            self.pace.cut(*window, whole=True)
-        else:
-            self.pace.grow(now - self.reacted_at)
-
-    def throttled(self, now: float, sent: float, wait: Optional[float], cap: float, status: int = 429,
-                  again: bool = False) -> bool:
-        """A 429 or 503 of a request sent at `sent`, asking to wait `wait`
-        seconds (None: no Retry-After); `again`: the id's last answer was a
-        throttle too. True when it is the host's throttle, False
-        when it is this id's alone (the host goes on as it was)."""
-        refusal = Answer.THROTTLE if status == 429 else Answer.BUSY
-        if again and sent > self.reacted_at:  # decided before it is counted: it is no sign in the counts (HOST_RUN)
-            hosts = self.host_wide(status, wait, again=True)
-            self.answered(now, refusal if hosts else Answer.AGAIN)
-        else:
-            self.answered(now, refusal)
-            hosts = sent <= self.reacted_at or self.host_wide(status, wait)
-        if not hosts:
-            if self.slow_start:  # not the host's throttle yet, but its slot stays empty: no refill into a limit
-                self.limit = max(1.0, self.limit - 1.0)
-            return False
-        if sent <= self.reacted_at:
-            if not again and (wait is not None) == self.voice:  # see UNDO_OKS
-                self.undo = None  # one in flight at the reaction refused too, afresh and in its voice: confirmed
-            self.pause(now, wait)
-            return True
-        if self.slide is None or self.since_reaction >= SLIDE_ANSWERS:  # a new slide begins
-            self.slide = Slide(self.snapshot(), self.answers, self.refused)
-        if wait is not None and wait <= SHORT_PAUSE and self.inflight:  # those in flight will tell
-            self.undo, self.undo_oks = self.snapshot(), 0
-        else:
-            self.undo = None
-        self.pause(now, wait)
-        self.react(now, wait, cap)  # sent after the last reaction: that one was not enough
-        return not self.slid()
-
-    def pause(self, now: float, wait: Optional[float]) -> None:
-        """The host's throttle asked to wait `wait` seconds (None: no Retry-After)."""
-        if wait is not None:
-            self.paused_until = max(self.paused_until, now + wait)
-
-    def slid(self) -> bool:
-        """After a reaction: have the host's refusals gone on while its pace
-        fell to a third? If so they were the ids' own (see SLIDE_ANSWERS):
-        the gate is as it was before the slide, and the host has trouble."""
-        slide = self.slide
-        self.since_reaction = 0
-        rate = self.pace.rate or 0.0
-        slide.top = max(slide.top, rate)
-        slide.below += 0 < rate <= slide.top / SLIDE_FALL
-        share = slide.share(self.answers, self.refused)
-        if slide.below <= SLIDE_MORE or share > SLIDE_SHARE:
-            return False
-        self.restore(slide.before)
-        self.slide, self.undo, self.trouble = None, None, max(self.trouble, share)
-        return True
-
-    def snapshot(self) -> tuple:
-        """What a reaction changes (see UNDO_OKS): the pace, a spell's start,
-        the concurrency, the pause, the clocks and the limit's voice."""
-        return (dataclasses.replace(self.pace), self.quota.starved_since, self.limit, self.paused_until,
-                self.reacted_at, self.slow_start, self.next_slot, self.window_start, self.voice)
-
-    def confirm(self, sent: float) -> None:
-        """An answer that was not a throttle, to a request sent at `sent`: the
-        UNDO_OKS-th of those in flight at a reaction to a short Retry-After
-        takes that reaction back; one sent after it comes too late to tell."""
-        if self.undo is None:
-            return
-        if sent >= self.reacted_at:
-            self.undo = None
-            return
-        self.undo_oks += 1
-        if self.undo_oks >= UNDO_OKS:
-            kept = self.pace, self.reacted_at, self.voice
-            self.restore(self.undo)
-            if self.answers - self.undone_at < SLIDE_ANSWERS:  # the last one was taken back too: a bucket's cut stays
-                self.pace, self.reacted_at, self.voice = kept
-            self.undo, self.undone_at = None, self.answers
-
-    def restore(self, gate: tuple) -> None:
-        """The gate as snapshot() took it."""
-        (self.pace, self.quota.starved_since, self.limit, self.paused_until, self.reacted_at, self.slow_start,
-         self.next_slot, self.window_start, self.voice) = gate
-
-    def host_wide(self, status: int, wait: Optional[float], again: bool = False) -> bool:
-        """Is this throttle the host's limit? See HOST_RUN."""
-        if self.quota.starved_since is not None or self.quota.spent():  # refusing everything, or the allowance is spent
-            return True
-        at_once = self.pace.fast or self.pace.halved or not self.pace.tight  # see THROTTLE_STATUSES and OVERSHOOT
-        return hosts_throttle(self.recent, self.run, bool(self.pace.rate), status, wait, at_once, again,
-                              self.trouble, self.voice)
-
-    def react(self, now: float, wait: Optional[float], cap: float) -> None:
-        """The host's throttle of a request sent after the last reaction."""
-        quota = self.quota
-        starved = self.last_ok < self.reacted_at  # nothing accepted since the last reaction
-        ended = quota.spent() and not starved  # a long window's end foreseen (see ALLOWANCE): no fault of the pace
-        before, self.reacted_at, self.slow_start = self.reacted_at, now, False
-        if self.voice is None:  # the limit's first word: see THROTTLE_STATUSES
-            self.voice = wait is not None
-        if (starved or ended and wait is None) and quota.starved_since is None:
-            quota.starved_since = now
-        if (starved or ended) and wait is None:
-            self.paused_until = max(self.paused_until, now + min(cap, quota.probe_pause(now)))
-            if starved and self.pace.fast:  # the first guess took nothing: see OVERSHOOT
-                self.pace.overshot()
-        elif not (starved or ended):
-            self.cut(now, before, wait)
-        if wait is not None:
-            self.window_start = now + wait
-        if wait is not None and wait > SHORT_PAUSE and not starved:
-            quota.long_window_ends(sent=0)
-
-    def cut(self, now: float, before: float = float("-inf"), wait: Optional[float] = None) -> None:
-        """The rate to CUT_FACTOR of the pace the host took since the last
-        reaction at `before` (see CUT_FACTOR), the concurrency to half."""
-        spell = None if wait is not None else self.quota.after_short_spell(before, now)
-        taken = spell or pace_taken(self, now, before, wait)
-        self.limit = max(1.0, self.limit / 2)
-        # a new host's first short window, measured up to its pause's end (so no pause to weigh): a lower bound
-        lower = self.pace.rate is None and wait is not None and 0 < wait <= SHORT_PAUSE and not taken[4]
-        # the last second (PACE_ANSWERS answers at least): a larger sample than the cut's
-        refusals = sum(kind in REFUSALS for _, kind in self.recent)
-        calm = wait is None and refusals <= THROTTLE_SHARE * (len(self.recent) - refusals)
-        self.pace.cut(*taken, whole=spell is not None, lower=lower, plain=wait is None, calm=calm)
-        self.next_slot = max(self.next_slot, now + 1.0 / self.pace.rate)  # the next request one slot after the throttle
-
-
-def pace_taken(host: Host, now: float, before: float, wait: Optional[float]) -> tuple:
-    """What the host took before its throttle at `now` (the last reaction at
-    `before`, the pause asked `wait`): (answers, throttles, over how many
-    seconds, a guess?, the pause a probe past this pace costs). See
-    CUT_FACTOR and SHORT_PAUSE."""
-    opened = host.window_start if host.window_start <= now else float("-inf")
-    guess = None
-    if wait is not None and wait <= SHORT_PAUSE:  # a short quota window's end
-        start = max(now - 1.0, host.first_answer, opened)
-        # opened within the last second: a burst and this pause are one window, its allowance the answers
-        end = host.paused_until if start > now - 1.0 else now
-        if end > now and host.pace.rate is not None and float(wait).is_integer():  # see WHOLE_SECOND_SLACK
-            end = max(now, end - WHOLE_SECOND_SLACK)
-        cost, guess = (wait if end == now else 0.0), False  # a window's allowance is measured whole
-    else:  # the pace of the last answers: PACE_ANSWERS of them, or GUESS_SPAN seconds' worth
-        oldest = host.recent[0][0] if host.recent else now  # the last second, or PACE_ANSWERS answers if longer
-        since = max(min(now - 1.0, oldest), host.first_answer, opened, before)
-        if host.pace.fast:  # a rate still doubling every third of a second: only its last moment is its pace
-            since = max(since, now - GUESS_SPAN)
-        times = [t for t, kind in host.recent if t >= since and kind not in REFUSALS]
-        last = times[-PACE_ANSWERS] if len(times) >= PACE_ANSWERS else since
-        start, end, cost = max(since, min(last, now - GUESS_SPAN)), now, wait or 0.0
-    kinds = [kind for t, kind in host.recent if t >= start]
-    refused = sum(kind in REFUSALS for kind in kinds)
-    answers = len(kinds) - refused
-    if guess is None:
-        guess = answers < PACE_ANSWERS or end - start < GUESS_SPAN
-    return answers, refused, end - start, guess, cost
-
-
-def hosts_throttle(recent: deque, run: int, paced: bool, status: int, wait: Optional[float],
-                   at_once: bool, again: bool = False, trouble: float = 0.0,
-                   voice: Optional[bool] = None) -> bool:
-    """Whether a throttle is the host's, from its last answers (`recent`, the
-    last one this throttle) and the throttles in a row (`run`); `at_once`: a
-    plain 429 of a paced host is (its limit has a burst, or its rate is still
-    doubling, or it is half a guess); `again`: the id's last answer was a
-    throttle too, so only that at-once rule can make this one the
-    host's (this one is not in `recent` yet); `trouble`: the share of ids
-    the host refuses for their own reasons (see SLIDE_ANSWERS); `voice`:
-    whether the host's limit sends a Retry-After (None: it has not limited
-    yet; see THROTTLE_STATUSES). See HOST_RUN."""
-    odd = voice is not None and (wait is not None) != voice  # not in its limit's voice: see THROTTLE_STATUSES
-    limits = paced and status == 429 and not odd  # a host known to limit says "too fast" with a 429
-    if limits and not trouble and (wait is not None or at_once):
-        return True
-    if again:
-        return False
-    since, sample = recent[-1][0] - SHARE_WINDOW, PACE_ANSWERS if limits or trouble else SHARE_ANSWERS
-    if len(recent) >= sample:  # a slow host: its last answers, if they go further back
-        since = min(since, recent[-sample][0])
-    last = [kind for t, kind in recent if t >= since]
-    margin = TROUBLE_MARGIN * trouble  # a host in trouble: its own share of refusals is no sign
-    if limits:
-        return last.count(Answer.THROTTLE) >= max(PACED_RUN, PACED_SHARE * len(last), margin * len(last))
-    throttles = sum(1 for kind in last if kind in REFUSALS)
-    in_a_row = HOST_RUN * (TROUBLE_MARGIN if trouble else 1)
-    return run >= in_a_row or (throttles >= HOST_RUN and throttles >= max(THROTTLE_SHARE, margin) * len(last))
-
-
-def slow_start_limit(elapsed: float) -> float:
-    """The most a host in slow start may have in flight `elapsed` seconds
-    after its first request: START_LIMIT * (1 + SLOW_START_STEP) ** (elapsed
-    / SLOW_START_ROUND), as if each round trip took SLOW_START_ROUND at least."""
-    return START_LIMIT * (1.0 + SLOW_START_STEP) ** min(elapsed / SLOW_START_ROUND, 64.0)  # no float overflow
-
-
-def guess_floor(span: float) -> float:
-    """The least share of the rate a guess cut keeps, after `span` seconds
-    of answers: 1 - (1 - GUESS_FLOOR) * min(1, span / GUESS_SPAN). A throttle
-    a slot or two after the last cut (the jitter of a limit with no slack)
-    says little: the rate falls by a tenth or two, not by half."""
-    return 1.0 - (1.0 - GUESS_FLOOR) * min(1.0, span / GUESS_SPAN)
-
-
-def probe_plateau(peak: float, cost: float = 0.0, steady: int = 0) -> float:
-    """Seconds the rate stays near `peak` after a cut: PROBE_REQUESTS / peak
-    (PLATEAU x 2 ** STEADY_MAX at most), or, when a probe past the pace costs
-    a pause of `cost` s, (PLATEAU + cost / PROBE_SHARE) x 2 ** `steady` if
-    that is longer; PLATEAU at least. See PROBE_REQUESTS."""
-    requests = min(PROBE_REQUESTS / peak, PLATEAU * 2 ** STEADY_MAX)
-    return max(requests, (PLATEAU + cost / PROBE_SHARE) * (2 ** steady if cost else 1))
-
-
-def cubic_pace(elapsed: float, plateau: float = PLATEAU) -> float:
-    """The rate, as a share of the pace measured at the last cut (Pace.peak), `elapsed`
-    seconds after it: 1 + (1 - CUT_FACTOR) * ((elapsed - plateau) / scale) ** 3,
-    scale being `plateau` up to it and PLATEAU past it. CUT_FACTOR at the cut,
-    1 after `plateau` seconds, then growing ever faster: 1.1 times after
-    PLATEAU more, 1.8 times after 2 x PLATEAU more. A long plateau probes a
-    steady limit less often; once past it, the climb is as quick as ever, so
-    a limit that came back is found 2 x PLATEAU after the plateau ends, not
-    two whole plateaus after."""
-    scale = plateau if elapsed < plateau else PLATEAU
-    return 1.0 + (1.0 - CUT_FACTOR) * ((elapsed - plateau) / scale) ** 3
 
 
 # ------------------------------------------------------------------ input
@@ -2861,7 +2375,8 @@ def fetch(session: GuardedSession, item_id: str, cfg: Config, redact: Redactor,
             if resp.status_code < 200:
                 drop_connection(resp)  # a final 1xx (a 101): no body framing to trust on this connection
             wanted = bucket is Bucket.OK or bucket is Bucket.FATAL
-            raw = read_body(resp, cfg.max_bytes if wanted else ERROR_BODY_BYTES, attempt.deadline, decode=wanted)
+            raw = read_body(resp, cfg.max_bytes if wanted else ERROR_BODY_BYTES, attempt.deadline,
+                            decode=wanted or resp.status_code == 403)  # a 403's body may say it is a rate limit
     except TRANSPORT_ERRORS as exc:
         phase = Phase.REDIRECT if isinstance(exc, RedirectFailed) else phase
         unreached = phase is Phase.REQUEST and never_connected(exc)  # more precise than the deadline's cut
@@ -2953,30 +2468,69 @@ def read_body(resp: requests.Response, max_bytes: int, deadline: float, decode: 
 
 def interpret(resp: requests.Response, raw: bytes, bucket: Bucket, cfg: Config, redact: Redactor,
               now: float) -> Outcome:
-    """Turn a status and a body into an Outcome: a 2xx must carry a real body."""
+    """Turn a status and a body into an Outcome: a 2xx must carry a real body.
+    The quota the headers declare is kept, whatever the status."""
     status = resp.status_code
     final = resp.url if resp.history else None
+    quota = declared_quota(resp.headers, now)
+    wait = parse_retry_after(resp.headers.get("Retry-After"), now)
+    if wait is None and quota is not None and quota.remaining < 1 and bucket is not Bucket.OK:
+        wait = quota.reset  # a refusal at none left: back at the reset (a Retry-After says it first)
     if bucket is Bucket.FATAL:
         excerpt = redact.excerpt(decode(raw, resp)[0], EXCERPT_CHARS).replace("\n", " ")
-        return Outcome(bucket, status, status_reason(status), excerpt=excerpt)
+        return Outcome(bucket, status, status_reason(status), excerpt=excerpt, quota=quota)
+    if status == 403 and 403 not in cfg.skip and rate_limit_sign(raw, resp, wait, quota):
+        return Outcome(Bucket.RETRYABLE, status, f"{status_reason(status)} (rate limited)", retry_after=wait,
+                       cause=Cause.THROTTLED, throttle=True, said=True, quota=quota)
     if bucket is not Bucket.OK:
-        wait = parse_retry_after(resp.headers.get("Retry-After"), now)
         lost = " (a redirect without a Location)" if status in requests.sessions.REDIRECT_STATI and \
             "Location" not in resp.headers else ""
-        return Outcome(bucket, status, status_reason(status) + lost, retry_after=wait)
+        return Outcome(bucket, status, status_reason(status) + lost, retry_after=wait, quota=quota,
+                       throttle=bucket is Bucket.RETRYABLE and status in THROTTLE_STATUSES)
     if not raw.strip():
         bodiless = status in BODILESS_STATUSES or cfg.request.method == "HEAD"
         if bodiless and not (cfg.request.wants_json or cfg.request.require):
-            return Outcome(Bucket.OK, status, body="null", final_url=final)
-        return Outcome(Bucket.RETRYABLE, status, "empty body", cause=Cause.BAD_BODY)
+            return Outcome(Bucket.OK, status, body="null", final_url=final, quota=quota)
+        return Outcome(Bucket.RETRYABLE, status, "empty body", cause=Cause.BAD_BODY, quota=quota)
     text, exact = decode(raw, resp)
+    if graphql_limited(text):
+        return Outcome(Bucket.RETRYABLE, status, "rate limited (GraphQL errors)", retry_after=wait,
+                       cause=Cause.THROTTLED, throttle=True, said=True, quota=quota)
     body, problem = validate(text, resp.headers.get("Content-Type", ""), cfg)
     if problem:
-        return Outcome(Bucket.RETRYABLE, status, problem, cause=Cause.BAD_BODY)
+        return Outcome(Bucket.RETRYABLE, status, problem, cause=Cause.BAD_BODY, quota=quota)
     if not exact:  # stored losslessly: the bytes, not a text with replacement characters
         return Outcome(Bucket.OK, status, body=f'"{base64.b64encode(raw).decode()}"', final_url=final,
-                       encoding="base64")
-    return Outcome(Bucket.OK, status, body=body, final_url=final)
+                       encoding="base64", quota=quota)
+    return Outcome(Bucket.OK, status, body=body, final_url=final, quota=quota)
+
+
+#: How a 403 or a GraphQL error says it is a rate limit (GitHub: "API rate
+#: limit exceeded", "secondary rate limit"; Shopify: "Throttled").
+RATE_LIMIT_TEXT = re.compile(r"rate[ _-]?limit|throttl", re.I)
+
+
+def rate_limit_sign(raw: bytes, resp: requests.Response, wait: Optional[float], quota: Optional[Declared]) -> bool:
+    """Is a 403 a rate limit, not a refusal of permission? It is when it
+    declares none left, asks to wait, or says so in its body."""
+    spent = quota is not None and quota.remaining < 1
+    return spent or wait is not None or bool(RATE_LIMIT_TEXT.search(decode(raw[:ERROR_BODY_BYTES], resp)[0]))
+
+
+def graphql_limited(text: str) -> bool:
+    """A 200 whose GraphQL errors say it is throttled: GitHub's
+    errors[].type "RATE_LIMITED", Shopify's "Throttled" (extensions.code "THROTTLED")."""
+    if '"errors"' not in text[:4096] or not RATE_LIMIT_TEXT.search(text):
+        return False
+    try:
+        errors = json.loads(text).get("errors")
+    except (ValueError, AttributeError, RecursionError):
+        return False
+    marks = ("RATE_LIMITED", "THROTTLED", "Throttled")
+    return isinstance(errors, list) and any(
+        isinstance(e, dict) and (e.get("type") in marks or e.get("message") in marks or
+                                 isinstance(e.get("extensions"), dict) and e["extensions"].get("code") in marks)
+        for e in errors)
 
 
 def validate(text: str, content_type: str, cfg: Config) -> tuple:
@@ -3078,6 +2632,7 @@ class Tally:
     due: Optional[float] = None  #: stop "later": when the first id left is due (wall clock)
     crash: Optional[dict] = None  #: stop "crash": the id, the error, when, and its traceback
     misconfigured: Optional[dict] = None  #: stop "misconfigured": the sign, one id, how many answers
+    quota: Optional[dict] = None  #: the tightest quota a host declared, at the run's end (see quota_view)
 
     def count(self, pass_no: int, what: str) -> None:
         self.per_pass.setdefault(pass_no, Counter())[what] += 1
@@ -3105,6 +2660,7 @@ class Schedule:
         self.next_slot = 0.0  #: --rate: when the next request may start
         self.inflight = 0
         self.pauses = {}  #: host name -> the end of its pause, for the hosts an answer paused
+        self.quoted = set()  #: the hosts that declared a quota (see quota)
         self.fixed_host = None if "{id}" in urlsplit(cfg.request.url).netloc or cfg.request.url == "{id}" else \
             host_of(cfg.request.url, "")  #: the one host every id goes to, if the template says so
 
@@ -3131,12 +2687,11 @@ class Schedule:
     def _make_ready(self, item: Item) -> None:
         host = self.hosts.get(item.host)
         if host is None:
-            cap = self.cfg.per_host or self.cfg.concurrency
-            start = float(min(START_LIMIT, self.cfg.concurrency))
-            host = self.hosts[item.host] = Host(limit=start, cap=cap, slow_start=True)
+            host = self.hosts[item.host] = Host(cap=self.cfg.per_host or self.cfg.concurrency,
+                                                longest=self.cfg.max_backoff)
         if not host.ready:
             self.active.append(item.host)
-        if item.sent >= 0:
+        if item.sent >= 0 and not item.turned_away:
             host.ready.appendleft(item)  # a retry whose time has come goes before untried ids
         else:
             host.ready.append(item)
@@ -3190,18 +2745,23 @@ class Schedule:
         host = self.hosts[item.host]
         if host.paused_until > now:
             self.pauses[item.host] = host.paused_until
-        elif host.forgettable(now, self.cfg.concurrency):
+        elif host.forgettable(now):
             del self.hosts[item.host]
 
     def paced(self, name: str) -> bool:
-        """Has host `name` a pace (it has limited)? A paced host is never forgotten."""
+        """Is host `name` paced (it has limited, or declared a quota)? A paced host is never forgotten."""
         host = self.hosts.get(name)
-        return host is not None and host.pace.rate is not None
+        return host is not None and bool(host.w_max or host.quotas)
 
     def gate_opens(self, name: str, now: float) -> Optional[float]:
         """When host `name` lets its next ready id through (None: it has none, or is full)."""
         host = self.hosts.get(name)
         return host.opens_at(now) if host is not None and host.ready else None
+
+    def quota(self, now: float) -> Optional[tuple]:
+        """(bucket, Quota): the tightest quota of the hosts that declared one, or None."""
+        live = [q for q in (self.hosts[name].quota(now) for name in self.quoted if name in self.hosts) if q]
+        return min(live, key=lambda bq: bq[1].left, default=None)
 
     def paused_until(self, now: float) -> float:
         """The latest pause of a host with ids ready (0: none is paused). Only
@@ -3289,6 +2849,7 @@ class Snapshot:
     pass_no: int
     paused_until: float  #: the latest pause of a host with ids ready
     waiting_until: Optional[float]  #: nothing in flight or ready: when the next id is due
+    quota: Optional[dict] = None  #: the tightest declared quota (see quota_view)
 
 
 def beyond_reach(due: float, now: float, end_at: Optional[float], cfg: Config) -> bool:
@@ -3348,7 +2909,17 @@ class Settler:
         idle = not (timeline.inflight or timeline.active)
         return Snapshot(self.tally.requests, counts["done"], counts["unavailable"], counts["awaiting"],
                         self.last_due, max(self.started_passes, default=1), timeline.paused_until(self.fx.clock()),
-                        timeline.next_due() if idle else None)
+                        timeline.next_due() if idle else None, self.quota_view())
+
+    def quota_view(self) -> Optional[dict]:
+        """The tightest quota a host declared, as the status line and report.json show it."""
+        found = self.timeline.quota(self.fx.clock())
+        if found is None:
+            return None
+        bucket, quota = found
+        reset = self.fx.wallclock() + quota.reset_at - self.fx.clock()
+        return {"remaining": int(max(0.0, quota.remaining)), "limit": None if quota.limit is None else int(quota.limit),
+                "resets_at": iso(reset), "bucket": bucket}
 
     def schedule(self, item: Item, ready_at: float) -> None:
         """Put an id on the timeline (see Schedule.add), counted if it waits for a later pass."""
@@ -3359,9 +2930,11 @@ class Settler:
 
     def finish(self, item: Item, outcome: Outcome) -> None:
         """One outcome of an id in flight: the host, then the guard or the id, then the timeline."""
+        item.turned_away = False
         if self.observe(item, outcome):  # it never reached the host, or the host throttled it: no try spent
-            wait = outcome.retry_after if outcome.status in THROTTLE_STATUSES and outcome.retry_after else 0.0
-            self.schedule(item, self.fx.clock() + min(wait, self.cfg.max_backoff))  # its wait, if the pause is lifted
+            item.turned_away = outcome.throttle  # one id in trouble must not be the host's only probe
+            wait = outcome.retry_after if outcome.throttle and outcome.retry_after else 0.0
+            self.schedule(item, self.fx.clock() + wait)  # its own wait, whether or not the host pauses
         elif self.guard.open:
             for held, out in self.guard.offer(item, outcome, misconfiguration_sign(outcome, self.cfg)):
                 self.settle(held, out)
@@ -3394,25 +2967,31 @@ class Settler:
             self.say(f"redrive: {self.api} answers again; resuming")
             self.tally.down = None
         host.reached()
-        if out.status in THROTTLE_STATUSES and out.bucket is Bucket.RETRYABLE:  # not if --skip or --fatal names it
+        if out.quota is not None:
+            self.timeline.quoted.add(item.host)
+        if out.throttle:  # 429, 503 (unless --skip or --fatal names it), or a rate limit said
             return self._throttled(host, item, out, now)
         item.refused = False
         if out.status is not None:
-            host.succeeded(now, item.sent, self.cfg.concurrency)  # a 404 or a 500 is no "slow down" either
+            host.succeeded(now, item.sent, out.quota)  # a 404 or a 500 is no "slow down" either
         else:
             host.unanswered(now, item.sent)
         return False
 
     def _throttled(self, host: Host, item: Item, out: Outcome, now: float) -> bool:
-        """A 429 or 503. The host's throttle costs the id no try: it goes
-        first again once the gate opens. Unless the wait asked for is past
-        --max-backoff, or the host has refused everything for STARVED_FOR x
-        --max-backoff: then it counts against the id, as any failure would."""
+        """A refusal. The host's costs the id no try: it goes first again
+        once the gate opens, or, asked to wait past --max-backoff by a
+        declared quota, stays pending until its reset (the run then ends:
+        see Timekeeper). A host that has refused everything for longer than
+        --max-backoff counts against the ids again, as any failure would."""
         cap = self.cfg.max_backoff
-        wait = None if out.retry_after is None else min(out.retry_after, cap)
-        hosts = host.throttled(now, item.sent, wait, cap, out.status, again=item.refused)
-        item.refused = True
-        return hosts and (out.retry_after or 0.0) <= cap and host.quota.starved_for(now) < STARVED_FOR * cap
+        if out.said and out.retry_after is None and out.status == 403:  # see SECONDARY_WAIT
+            out.retry_after = SECONDARY_WAIT * 2.0 ** min(host.in_a_row, 16)
+        spent = out.quota is not None and out.quota.remaining < 1
+        hosts = host.throttled(now, item.sent, out.retry_after, fresh=not item.refused, said=out.said,
+                               declared=out.quota)
+        item.refused = not hosts  # its own trouble: its next refusal is no fresh sign of the host's
+        return hosts and (spent or (out.retry_after or 0.0) <= cap) and host.refusing_for(now) <= cap
 
     def _unreachable(self, host: Host, out: Outcome, now: float) -> None:
         """When every id goes to one host, that host being unreachable means the
@@ -3434,9 +3013,7 @@ class Settler:
     def settle(self, item: Item, out: Outcome) -> None:
         """Apply what one attempt means for its id (see next_step)."""
         item.tries += 1
-        host = self.timeline.hosts.get(item.host)
-        step = next_step(out, item.tries, item.pass_no, self.cfg, bool(host and host.pace.rate),
-                         bool(self.tally.stop), self.fx.rand)
+        step = next_step(out, item.tries, item.pass_no, self.cfg, bool(self.tally.stop), self.fx.rand)
         if step.move is Move.DONE:
             self.books.done(item, out)
         elif step.move is Move.HALT:
@@ -3473,9 +3050,10 @@ class Timekeeper:
         self.progress.tick(self.settler.snapshot)
         if self.end_at is not None and not self.tally.stop and now >= self.end_at:
             self.tally.stopping(Stop.TIME, now, self.cfg)
-        if not (self.tally.stop or timeline.inflight or timeline.active) and \
-                beyond_reach(timeline.next_due(), now, self.end_at, self.cfg):
-            self.tally.due = self.fx.wallclock() + timeline.next_due() - now
+        wake = None if self.tally.stop or timeline.inflight else timeline.next_wake(now)
+        end_at = None if timeline.active else self.end_at  # a gate's wait past --max-time is --max-time's stop
+        if wake is not None and beyond_reach(wake, now, end_at, self.cfg):  # an id's time, or a gate's
+            self.tally.due = self.fx.wallclock() + wake - now
             self.tally.stopping(Stop.LATER, now, self.cfg)
         if not self.tally.stop:
             return True
@@ -3577,6 +3155,7 @@ class Batch:
             with self.lock:
                 self.closed = True  # a worker that finishes now records nothing
                 self.tally.abandoned = self.timeline.inflight
+                self.tally.quota = self.settler.quota_view()
             for _ in workers:
                 self.jobs.put(None)
             self.flushes.put(None)
@@ -3740,6 +3319,9 @@ class Progress:
         parts = [f"pass {snap.pass_no}", f"{done}/{self.total} done",
                  f"{unavailable} unavailable", f"{snap.awaiting} failed",
                  f"{rate:.1f} req/s" if rate >= 1 or not rate else f"{rate:.2f} req/s"]
+        if snap.quota:
+            of = f"/{snap.quota['limit']}" if snap.quota["limit"] is not None else ""
+            parts.append(f"quota {snap.quota['remaining']}{of}, resets {snap.quota['resets_at'][11:16]}")
         if snap.paused_until - now >= 0.5:
             parts.append(f"throttled, pausing {duration(snap.paused_until - now)}")
         elif snap.waiting_until is not None and snap.waiting_until - now >= 0.5:
@@ -3835,6 +3417,7 @@ def build_report(total: int, rest: list, duplicates: int, state: State, tally: T
         "new_unavailable": len(state.fresh),
         "unresolved": [{**row, "id": redact(row["id"])} for row in rows],
         "pending_listed": min(pending, PENDING_LISTED),
+        "quota": tally.quota,
     }
 
 
@@ -3887,6 +3470,11 @@ def stop_lines(tally: Tally, cfg: Config, redact: Redactor) -> list:
     if tally.stop is Stop.UNREACHABLE:
         return [f"redrive: stopped: {down}, {tally.down['probes']} probes failed",
                 "  nothing was marked failed; rerun the same command once it is back"]
+    quota = tally.quota
+    if tally.stop is Stop.LATER and quota and quota["remaining"] < 1 and tally.due >= parse_iso(quota["resets_at"]):
+        of = f"/{quota['limit']}" if quota["limit"] is not None else ""
+        return [f"redrive: the API's quota is spent ({quota['remaining']}{of} left); it resets at "
+                f"{quota['resets_at'][11:16]} UTC ({quota['resets_at']}), past --max-backoff: rerun then"]
     if tally.stop is Stop.LATER:
         return [f"redrive: nothing is due before {iso(tally.due)}, beyond this run's reach "
                 f"(--max-backoff, --cooldown{', --max-time' if cfg.max_time else ''}); "
