@@ -43,6 +43,17 @@ Scenarios (all by default):
                  every odd-but-usable answer of ODD_ANSWERS at 1%, and 1%
                  redirects whose body is a gzip bomb; concurrency 32
   fsync          5,000 ids, no latency: the cost of --fsync against the default
+  declared       a server that declares its quota (60 per 2 s of the clock) in
+                 each dialect's headers: GitHub's (refused with 429, and with
+                 403), X's, the IETF drafts', Reddit's, OpenAI's, Anthropic's,
+                 Discord's; 400 ids each, every 50th a real 404
+  shards-on-one-key  two redrive processes (--shard 1/2, 2/2) at once on one
+                 declared quota (GitHub's headers, 403 past it), 800 ids
+  no-limit-throttles  10,000 ids on a server with no limit, 4% answering 429 +
+                 Retry-After: 1 once and 1% 503 twice, against the same ids clean
+
+--old REDRIVE_PY runs every scenario chosen with that redrive.py too, right
+after this one's, so that the old code and the new are measured in one run.
 
 --latency, --concurrency and --limit change those figures; --faults sets the
 flaky mix as KIND=PERCENT pairs, e.g. --faults 500-forever=5,404=10 (kinds:
@@ -135,7 +146,10 @@ class Handler(BaseHTTPRequestHandler):
             if item in srv.settled:
                 srv.wasted += 1
             throttled = srv.over_limit()
+            declared = srv.limit.headers() if isinstance(srv.limit, Declaring) else {}
         time.sleep(SLOW if kind == "slow" else srv.latency)
+        if throttled is not None and declared:
+            return self.send(srv.limit.status, srv.limit.body, declared)
         if throttled is not None:
             return self.send(429, b"slow down", {"Retry-After": throttled} if throttled else {})
         if kind == "429-lone" and hit == 1:  # this item only: being rebuilt, come back in a second
@@ -148,7 +162,7 @@ class Handler(BaseHTTPRequestHandler):
             with srv.lock:
                 srv.settled.add(item)
                 srv.accepted.append(time.monotonic())
-        self.send(status, body)
+        self.send(status, body, declared)
 
     def answer(self, kind, hit, item):
         if kind == "429-once" and hit == 1:
@@ -213,6 +227,55 @@ class FixedWindow(Limiter):
         if self.used <= self.size:
             return None
         return str(math.ceil((window + 1) * self.seconds - t)) if self.retry_after else ""
+
+
+class Declaring(Limiter):
+    """`size` requests per window of `seconds` of the wall clock (so a reset in
+    whole epoch seconds is exact), the quota declared on every answer in the
+    headers of `dialect`; past it `status` (429, or 403 with GitHub's body)."""
+
+    def __init__(self, size, seconds, dialect, status=429):
+        self.size, self.seconds, self.dialect, self.status = size, seconds, dialect, status
+        self.body = b'{"message":"API rate limit exceeded"}' if status == 403 else b"slow down"
+        self.window, self.used, self.first_wall = None, 0, None
+
+    def check(self, t):
+        self.first_wall = self.first_wall or time.time()
+        window = int(time.time() // self.seconds)
+        if window != self.window:
+            self.window, self.used = window, 0
+        self.used += 1
+        return None if self.used <= self.size else ""
+
+    def headers(self):
+        """The quota as the last request left it, in the dialect's headers."""
+        end = (self.window + 1) * self.seconds
+        left, remaining = end - time.time(), max(0, self.size - self.used)
+        return dialect_headers(self.dialect, self.size, self.seconds, remaining, left, end)
+
+
+def dialect_headers(dialect, size, seconds, remaining, left, end):
+    """A quota in the headers of one API family: `remaining` of `size`, renewed in `left` s, at epoch `end`."""
+    whole = str(math.ceil(left))
+    return {
+        "github": {"X-RateLimit-Limit": str(size), "X-RateLimit-Remaining": str(remaining),
+                   "X-RateLimit-Reset": str(math.ceil(end)), "X-RateLimit-Resource": "core"},
+        "x": {"x-rate-limit-limit": str(size), "x-rate-limit-remaining": str(remaining),
+              "x-rate-limit-reset": str(math.ceil(end))},
+        "ietf": {"RateLimit-Limit": str(size), "RateLimit-Remaining": str(remaining), "RateLimit-Reset": whole},
+        "structured": {"RateLimit-Policy": f'"default";q={size};w={seconds}',
+                       "RateLimit": f'"default";r={remaining};t={whole}'},
+        "reddit": {"X-Ratelimit-Used": str(size - remaining), "X-Ratelimit-Remaining": f"{remaining:.1f}",
+                   "X-Ratelimit-Reset": whole},
+        "openai": {"x-ratelimit-limit-requests": str(size), "x-ratelimit-remaining-requests": str(remaining),
+                   "x-ratelimit-reset-requests": f"{max(0, int(left * 1000))}ms"},
+        "anthropic": {"anthropic-ratelimit-requests-limit": str(size),
+                      "anthropic-ratelimit-requests-remaining": str(remaining),
+                      "anthropic-ratelimit-requests-reset":
+                          time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(math.ceil(end)))},
+        "discord": {"X-RateLimit-Limit": str(size), "X-RateLimit-Remaining": str(remaining),
+                    "X-RateLimit-Reset": f"{end:.3f}", "X-RateLimit-Reset-After": f"{max(0.0, left):.3f}"},
+    }[dialect]
 
 
 class TokenBucket(Limiter):
@@ -301,6 +364,7 @@ class BenchServer(ThreadingHTTPServer):
             start = self.limit.start if isinstance(self.limit, Limiter) else 0.0
             refused = getattr(self.limit, "refused", [])
             return {"hits": dict(self.hits), "statuses": dict(self.statuses), "wasted": self.wasted,
+                    "first_wall": getattr(self.limit, "first_wall", None),
                     "times": self.times, "accepted": [t - start for t in self.accepted], "refused": refused}
 
 
@@ -466,8 +530,12 @@ def write_ids(folder, count):
     return path
 
 
+#: The redrive.py the scenarios run: this one, or the one --old names (see main).
+REDRIVE = [HERE / "redrive.py"]
+
+
 def redrive_cmd(ids, base, *options):
-    return [sys.executable, str(HERE / "redrive.py"), str(ids), "--url", base + "/items/{id}", "-q", *options]
+    return [sys.executable, str(REDRIVE[0]), str(ids), "--url", base + "/items/{id}", "-q", *options]
 
 
 def table(title, rows):
@@ -1138,6 +1206,100 @@ def fsync(folder, count, opt):
     table(f"fsync: {count} ids, no latency, concurrency 8, state on {fs_type(folder)}", rows)
 
 
+#: The declared-quota server: 60 requests per 2 s window, 20 ms per answer, every 50th id a real 404.
+DECLARED = (60, 2, 400)
+DIALECTS = [("github", 429), ("github", 403), ("x", 429), ("ietf", 429), ("structured", 429), ("reddit", 429),
+            ("openai", 429), ("anthropic", 429), ("discord", 429)]
+
+
+def declared(folder, count, opt):
+    """A server that declares its quota, in each dialect: the run should pace by it, not find it."""
+    size, seconds, ids = DECLARED
+    rows = []
+    for dialect, status in DIALECTS:
+        run_dir = folder / f"{dialect}-{status}"
+        run_dir.mkdir()
+        n = count or ids
+        run, stats = limited_run(run_dir, n, opt, Declaring(size, seconds, dialect, status),
+                                 faults=fault_table({"404": 2}))
+        rows.append((f"{dialect} headers, refused with {status}, {n} ids (exit {run.code})",
+                     quota_figures(run_dir, run, stats, n, size, seconds, status)))
+        show_error(run)
+    table(f"declared quota: {size} per {seconds} s of the clock, the quota in every answer's headers; ideal: "
+          f"the rest of the first request's window, then {seconds} s for each further {size} ids; "
+          f"{opt.latency * 1000:g} ms latency, concurrency {opt.concurrency}, no --rate", rows)
+
+
+def declared_ideal(stats, n, size, seconds):
+    """The window arithmetic from the first request on: what is left of its window, then a window for
+    each further `size` ids."""
+    first = stats["first_wall"]
+    return ((first // seconds) + 1) * seconds - first + max(0, math.ceil(n / size) - 2) * seconds
+
+
+def quota_figures(state_root, run, stats, n, size, seconds, status):
+    """Wall against the window arithmetic, the refusals, and where the ids ended."""
+    ideal = declared_ideal(stats, n, size, seconds)
+    sent, refused = sum(stats["hits"].values()), stats["statuses"].get(str(status), 0)
+    gone = sum(1 for item in range(n) if kind_of(f"i{item}", fault_table({"404": 2})) == "404")
+    unavailable = sum(len(p.read_text().splitlines()) for p in state_root.rglob("unavailable.jsonl"))
+    return (f"wall {run.wall:.1f} s = {run.wall / ideal:.2f} x {ideal:.1f} s (target <= 1.05), "
+            f"refusals {refused} = {refused / max(sent, 1):.1%} of {sent} requests (target <= 1%), "
+            f"unavailable {unavailable} (the server's 404s: {gone}), "
+            f"CPU {cpu_us(run, sent):.0f} us/request")
+
+
+def shards_on_one_key(folder, count, opt):
+    """Two redrive processes, --shard 1/2 and 2/2, started together on one declared quota."""
+    size, seconds, ids = DECLARED
+    n = count or 2 * ids
+    limiter = Declaring(size, seconds, "github", 403)
+    proc, base = start_server(opt.latency, faults=fault_table({"404": 2}), limit=limiter)
+    try:
+        ids_file = write_ids(folder, n)
+        cmds = [redrive_cmd(ids_file, base, "--concurrency", str(opt.concurrency), "--shard", f"{k}/2",
+                            "--state-dir", str(folder / f"shard{k}")) for k in (1, 2)]
+        started = time.monotonic()
+        procs = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for cmd in cmds]
+        codes = [p.wait() for p in procs]
+        wall = time.monotonic() - started
+        stats = server_stats(base)
+    finally:
+        proc.terminate()
+    sent, refused = sum(stats["hits"].values()), stats["statuses"].get("403", 0)
+    ideal = declared_ideal(stats, n, size, seconds)
+    gone = sum(1 for item in range(n) if kind_of(f"i{item}", fault_table({"404": 2})) == "404")
+    unavailable = sum(len(p.read_text().splitlines()) for p in folder.rglob("unavailable.jsonl"))
+    done = sum(len(p.read_text().splitlines()) for p in folder.rglob("done.txt"))
+    table(f"two shards on one key: {n} ids split by --shard 1/2 and 2/2, run at once against one quota of "
+          f"{size} per {seconds} s (GitHub's headers, 403 past it), concurrency {opt.concurrency} each", [
+              ("exit codes", " ".join(map(str, codes))),
+              ("wall", f"{wall:.1f} s = {wall / ideal:.2f} x {ideal:.1f} s (target <= 1.05)"),
+              ("refusals", f"{refused} = {refused / max(sent, 1):.1%} of {sent} requests (target <= 1%)"),
+              ("done, unavailable", f"{done}, {unavailable} (the server's 404s: {gone})"),
+          ])
+
+
+def no_limit_throttles(folder, count, opt):
+    """One-id throttles on a host with no limit: 4% of ids answer 429 + Retry-After: 1 once, 1% answer 503
+    twice, against the same ids clean, in the same minutes."""
+    n = count or 10_000
+    rows = []
+    clean_run = None
+    for label, mix in (("clean", {}), ("4% 429 once + 1% 503 twice", {"429-lone": 4, "503-twice": 1})):
+        run_dir = folder / ("clean" if not mix else "mix")
+        run_dir.mkdir()
+        run, stats = limited_run(run_dir, n, opt, 0, faults=fault_table(mix) if mix else ())
+        clean_run = clean_run or run
+        sent, refused = sent_and_throttled(stats)
+        refused += stats["statuses"].get("503", 0)
+        goal = "" if not mix else f", {run.wall / (clean_run.wall + 3):.2f} x (clean + 3 s) (target <= 1.1)"
+        rows.append((f"{label} (exit {run.code})", f"wall {run.wall:.2f} s{goal}, refusals {refused} of {sent}"))
+        show_error(run)
+    table(f"one-id throttles on a host with no limit: {n} ids, {opt.latency * 1000:g} ms latency, "
+          f"concurrency {opt.concurrency}", rows)
+
+
 def fs_type(folder):
     try:
         out = subprocess.run(["df", "-T", str(folder)], capture_output=True, text=True).stdout.splitlines()[-1]
@@ -1149,10 +1311,12 @@ def fs_type(folder):
 SCENARIOS = {"clean": clean, "flaky": flaky, "rate-limited": rate_limited, "lone-429": lone_429,
              "resume": resume, "fsync": fsync, "stop": stop, "nginx": nginx,
              "fixed-window": fixed_window, "token-bucket": token_bucket, "limit-and-lone": limit_and_lone,
-             "limit-change": limit_change, "chaos": chaos}
+             "limit-change": limit_change, "chaos": chaos, "declared": declared,
+             "shards-on-one-key": shards_on_one_key, "no-limit-throttles": no_limit_throttles}
 COUNTS = {"clean": 10_000, "flaky": 10_000, "rate-limited": 3_000, "lone-429": 10_000, "resume": 1_000_000, "fsync": 5_000,
           "stop": 1_000_000, "nginx": 0,
-          "fixed-window": 0, "token-bucket": 0, "limit-and-lone": 0, "limit-change": 4_500, "chaos": 10_000}
+          "fixed-window": 0, "token-bucket": 0, "limit-and-lone": 0, "limit-change": 4_500, "chaos": 10_000,
+          "declared": 0, "shards-on-one-key": 0, "no-limit-throttles": 10_000}
 
 
 def main(argv=None):
@@ -1174,13 +1338,20 @@ def main(argv=None):
                         help="requests a second the rate-limited server allows (default 100)")
     parser.add_argument("--faults", type=fault_mix, default=FAULTS, metavar="MIX",
                         help="the flaky mix, KIND=PERCENT,... (default: %s)" % ",".join(f"{k}={v}" for k, v in FAULTS.items()))
+    parser.add_argument("--old", type=Path, metavar="REDRIVE_PY",
+                        help="an older redrive.py to run each scenario with too, right after this one's "
+                             "(e.g. from 'git show REV:redrive.py > /tmp/old.py')")
     args = parser.parse_args(argv)
     opt = Settings(args.latency / 1000, args.concurrency, args.limit, fault_table(args.faults))
     print(f"redrive benchmark: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
     launcher()  # now, while this process is small (see Launcher)
     for name in args.scenarios or SCENARIOS:
-        with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as folder:
-            SCENARIOS[name](Path(folder), args.ids or COUNTS[name], opt)
+        for code in [HERE / "redrive.py"] + ([args.old] if args.old else []):
+            REDRIVE[0] = code
+            if args.old:
+                print(f"\n== {name}: {code}")
+            with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as folder:
+                SCENARIOS[name](Path(folder), args.ids or COUNTS[name], opt)
     return 0
 
 

@@ -1158,7 +1158,10 @@ class Quota:
     left: float
     reset_at: float
     limit: Optional[float] = None
-    remaining: float = 0.0  #: what the server last said is left, as shown
+    remaining: float = 0.0  #: the least the server said is left in the window, as shown
+    share: float = 1.0  #: of what the quota spends, the share that is this run's (others may share the key)
+    sent: int = 0  #: requests of this run's the quota may count since its first declaration in the window
+    spent: float = 0.0  #: what the declared remaining fell by meanwhile, everyone's requests
 
     def pace(self, now: float, wanted: int) -> Optional[float]:
         """What is left spread evenly up to the reset; None when it is spent or
@@ -1172,8 +1175,9 @@ class Host:
 
     1. A declared quota is believed (see declared_quota): what is left, less what
        is in flight, is spread evenly up to its reset when the ids ready could
-       spend it; at none left, nothing goes until the reset + QUOTA_MARGIN, then
-       one request until an answer declares the new window. The tightest bucket governs.
+       spend it, less others' share when the count falls faster than this run
+       spends it; at none left, nothing until the reset + QUOTA_MARGIN, then one
+       request until an answer declares the new window. The tightest bucket governs.
     2. Otherwise slow start: START_LIMIT in flight, SLOW_START_STEP more per answer.
     3. A fresh refusal (429 or 503 of an id not refused for itself just before) is
        the host's when the fresh refusals among its last SHARE_ANSWERS answers sent
@@ -1236,7 +1240,7 @@ class Host:
         self.probing = self.down_since is not None
         paces = [p for p in (self.rate(now), *(q.pace(now, len(self.ready)) for q in self.quotas.values())) if p]
         for quota in self.quotas.values():
-            quota.left -= 1
+            quota.left, quota.sent = quota.left - 1, quota.sent + 1
         if paces:
             self.next_slot = max(self.next_slot, now) + 1.0 / min(paces)
 
@@ -1304,12 +1308,22 @@ class Host:
         for bucket in [b for b, q in self.quotas.items() if q.reset_at + QUOTA_MARGIN <= now]:
             del self.quotas[bucket]  # renewed: the next declaration tells the new window
         if declared is not None:
-            held, reset_at = self.quotas.get(declared.bucket), now + declared.reset
-            left = declared.remaining - self.inflight  # those in flight may not be counted yet
-            if held is not None and abs(held.reset_at - reset_at) < 1.0:  # the same window (resets are in seconds)
-                left = min(left, held.left)  # an answer that overtook a later one says more is left
-                reset_at = min(reset_at, held.reset_at)  # a reset in whole seconds is late by up to one
-            self.quotas[declared.bucket] = Quota(left, reset_at, declared.limit, declared.remaining)
+            self.declared(now, declared)
+
+    def declared(self, now: float, declared: Declared) -> None:
+        """A quota an answer declared. Other clients on the same key spend it
+        too: this run takes its share of what is left, the share its own
+        requests were of what the quota fell by in the window so far."""
+        held, reset_at = self.quotas.get(declared.bucket), now + declared.reset
+        quota = Quota(declared.remaining - self.inflight, reset_at, declared.limit, declared.remaining,
+                      held.share if held else 1.0, self.inflight)  # those in flight may not be counted yet
+        if held is not None and abs(held.reset_at - reset_at) < 1.0:  # the same window (resets are in seconds)
+            quota.reset_at = min(reset_at, held.reset_at)  # a reset in whole seconds is late by up to one
+            quota.remaining = min(declared.remaining, held.remaining)  # an overtaken answer says more is left
+            quota.sent, quota.spent = held.sent, held.spent + held.remaining - quota.remaining
+            quota.share = min(1.0, quota.sent / quota.spent) if quota.spent >= 1 else held.share
+            quota.left = min(declared.remaining * quota.share - self.inflight, held.left)  # none from an overtaken answer
+        self.quotas[declared.bucket] = quota
 
     def sampled(self) -> None:
         """N answers paced below what the host refused: what it still refused is
