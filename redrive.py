@@ -105,7 +105,7 @@ from datetime import datetime, timezone
 from enum import Enum, IntEnum
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
-from urllib.parse import quote, quote_plus, urlsplit, urlunsplit
+from urllib.parse import quote, quote_plus, unquote_plus, urlsplit, urlunsplit
 
 try:
     import requests
@@ -139,7 +139,7 @@ SKIP_STATUSES = frozenset({400, 404, 410})
 BODILESS_STATUSES = frozenset({204, 205})
 
 #: Query parameter names whose values are secrets and are shown redacted.
-SECRET_NAME = re.compile(r"key|token|secret|sig|passw|auth|credential|session", re.I)
+SECRET_NAME = re.compile(r"key|token|secret|sig|pass|pwd|^pw$|auth|credential|session|jwt|bearer|private", re.I)
 
 #: A header value run.json may keep, to re-read on a rerun: a ${VAR}
 #: reference, alone or after an auth scheme word, whose literal text holds
@@ -940,6 +940,12 @@ def keyed_ids_warning(ids: list) -> Optional[str]:
             "send it with -H or --url as ${VAR}")
 
 
+def shown_path(path: Path) -> str:
+    """A path as text UTF-8 can hold: a byte of the file system's that is no
+    UTF-8 (a surrogate escape in Python) shown as U+FFFD."""
+    return os.fsencode(path).decode("utf-8", "replace")
+
+
 def shown_id(item_id: str) -> str:
     """An id as every output shows it: a URL's password and key-like query
     values hidden. The ledgers keep ids as given (they are what a rerun
@@ -951,21 +957,53 @@ def shown_id(item_id: str) -> str:
 
 
 def redact_url(url: str) -> str:
-    """The URL with the values of key-like query parameters and passwords hidden."""
-    if "?" not in url and "@" not in url:
+    """The URL with its userinfo's secret (the password, or a token given
+    alone: https://TOKEN@host) and the values of key-like query parameters
+    hidden; a URL that does not parse is redacted as text all the same."""
+    if "?" not in url and "@" not in url and ";" not in url:
         return url  # nothing to hide, and no parsing on the per-request path
-    parts = urlsplit(url)
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, _, host = netloc.rpartition("@")
-        netloc = f"{userinfo.split(':')[0]}:REDACTED@{host}" if ":" in userinfo else netloc
-    query = "&".join(_redact_pair(pair) for pair in parts.query.split("&")) if parts.query else ""
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # an unclosed '[': no parts, but no secret shown either
+        head, mark, query = url.partition("?")
+        return USERINFO.sub(_redact_userinfo, head) + mark + _redact_query(query)
+    netloc = USERINFO.sub(_redact_userinfo, "//" + parts.netloc)[2:]
+    return urlunsplit((parts.scheme, netloc, parts.path, _redact_query(parts.query), parts.fragment))
+
+
+#: The userinfo of a URL's authority, and the separators of its query's pairs (';' as some servers read them).
+USERINFO = re.compile(r"//([^/?#@]*)@")
+QUERY_SEPARATOR = re.compile(r"([&;])")
+
+
+#: A JSON member with a string value: "name": "value".
+JSON_MEMBER = re.compile(r'("((?:[^"\\]|\\.)*)"\s*:\s*)"((?:[^"\\]|\\.)*)"')
+
+
+def redact_data(text: str) -> str:
+    """A --data template as run.json may keep it: the literal value of a
+    key-like field (JSON "api_key": "...", or form api_key=...) hidden; a
+    ${VAR} reference is kept, to be read again."""
+    def member(match) -> str:
+        keyed = SECRET_NAME.search(match.group(2)) and not ENV_REF.fullmatch(match.group(3))
+        return f'{match.group(1)}"REDACTED"' if keyed else match.group(0)
+    return JSON_MEMBER.sub(member, text) if text.lstrip()[:1] in ("{", "[") else _redact_query(text)
+
+
+def _redact_query(query: str) -> str:
+    return "".join(part if n % 2 else _redact_pair(part) for n, part in enumerate(QUERY_SEPARATOR.split(query)))
+
+
+def _redact_userinfo(match) -> str:
+    """user:password@ keeps the user; a lone TOKEN@ is all secret."""
+    user, colon, _ = match.group(1).partition(":")
+    return f"//{user}:REDACTED@" if colon else "//REDACTED@"
 
 
 def _redact_pair(pair: str) -> str:
+    """name=REDACTED for a key-like name as the server reads it: percent-decoded."""
     name, eq, value = pair.partition("=")
-    if eq and SECRET_NAME.search(name) and not ENV_REF.fullmatch(value):
+    if eq and SECRET_NAME.search(unquote_plus(name)) and not ENV_REF.fullmatch(value):
         return f"{name}=REDACTED"
     return pair
 
@@ -1921,6 +1959,7 @@ def request_shape(request: Request) -> dict:
             value = getattr(request, f.name)
             shape[f.metadata["shape"]] = list(value) if isinstance(value, tuple) else value
     shape["url"] = "--demo" if request.demo else redact_url(request.url_spec)
+    shape["data"] = None if request.data_spec is None else redact_data(request.data_spec)
     shape["headers"] = sorted(request.header_names)
     return shape
 
@@ -2046,6 +2085,9 @@ def recorded_request(record: dict, given: frozenset = frozenset()) -> dict:
         if "REDACTED" in shape["url"] and not given & {"url", "demo"}:
             raise RedriveError("run.json keeps the --url with its secret redacted; give --url again "
                                "(write the secret as ${VAR} and it can be reused)")
+    if "REDACTED" in (shape.get("data") or "") and "data" not in given:
+        raise RedriveError("run.json keeps the --data with its secret redacted; give --data again "
+                           "(write the secret as ${VAR} and it can be reused)")
     headers = []
     for header in record.get("headers", []) if "header" not in given else ():
         if header.get("value") is None:
@@ -2384,6 +2426,7 @@ def fetch(session: GuardedSession, item_id: str, cfg: Config, redact: Redactor,
         session.origin = origin_of(url)
         proxies, auth = session.environment(url, session.origin)  # parses the URL: a bad port raises here
         with session.open(cfg.request.method, url, body, cfg.timeout, proxies, auth) as resp:
+            conn = getattr(resp.raw, "connection", None)  # before the body is read, which gives it back to the pool
             phase, chunked = Phase.BODY, bool(getattr(resp.raw, "chunked", False))
             bucket = classify_status(resp.status_code, cfg)
             if resp.status_code < 200:
@@ -2403,8 +2446,14 @@ def fetch(session: GuardedSession, item_id: str, cfg: Config, redact: Redactor,
         bucket, kind, reason = transport_failure(AttemptTimeout(), phase, cfg.timeout)
         return Outcome(bucket, error=reason, cause=kind)
     if raw is None and bucket is Bucket.OK:
-        return Outcome(Bucket.SKIP, resp.status_code, f"body over {cfg.max_bytes} bytes", cause=Cause.TOO_LARGE)
-    return interpret(resp, raw or b"", bucket, cfg, redact, now())
+        outcome = Outcome(Bucket.SKIP, resp.status_code, f"body over {cfg.max_bytes} bytes", cause=Cause.TOO_LARGE)
+    else:
+        outcome = interpret(resp, raw or b"", bucket, cfg, redact, now(), item_id)
+    if outcome.bucket is not Bucket.OK and conn is not None:
+        # never reused after anything but a clean answer: a late second answer on it, or a request body the
+        # server left unread, would be taken for the next request's answer (another id's)
+        conn.close()
+    return outcome
 
 
 class Inflater:
@@ -2481,7 +2530,7 @@ def read_body(resp: requests.Response, max_bytes: int, deadline: float, decode: 
 
 
 def interpret(resp: requests.Response, raw: bytes, bucket: Bucket, cfg: Config, redact: Redactor,
-              now: float) -> Outcome:
+              now: float, item_id: str = "") -> Outcome:
     """Turn a status and a body into an Outcome: a 2xx must carry a real body.
     The quota the headers declare is kept, whatever the status."""
     status = resp.status_code
@@ -2510,7 +2559,7 @@ def interpret(resp: requests.Response, raw: bytes, bucket: Bucket, cfg: Config, 
     if graphql_limited(text):
         return Outcome(Bucket.RETRYABLE, status, "rate limited (GraphQL errors)", retry_after=wait,
                        cause=Cause.THROTTLED, throttle=True, said=True, quota=quota)
-    body, problem = validate(text, resp.headers.get("Content-Type", ""), cfg)
+    body, problem = validate(text, resp.headers.get("Content-Type", ""), cfg, item_id)
     if problem:
         return Outcome(Bucket.RETRYABLE, status, problem, cause=Cause.BAD_BODY, quota=quota)
     if not exact:  # stored losslessly: the bytes, not a text with replacement characters
@@ -2547,7 +2596,7 @@ def graphql_limited(text: str) -> bool:
         for e in errors)
 
 
-def validate(text: str, content_type: str, cfg: Config) -> tuple:
+def validate(text: str, content_type: str, cfg: Config, item_id: str = "") -> tuple:
     """(body as results.jsonl stores it, None) for a real answer, or (None,
     reason) for a 2xx that is not one: a login wall, an interstitial, a
     truncated document."""
@@ -2560,7 +2609,7 @@ def validate(text: str, content_type: str, cfg: Config) -> tuple:
         except ValueError:
             return None, "invalid JSON"
     for needle in cfg.request.require:
-        if needle not in text:
+        if needle.replace("{id}", item_id) not in text:  # '"id":"{id}"': the answer is this id's
             return None, f"missing text {needle!r}"
     for name in cfg.request.require_field:
         if not isinstance(body, dict) or body.get(name) is None:
@@ -2586,13 +2635,18 @@ def strict_json(body, text: str) -> str:
 def decode(raw: bytes, resp: requests.Response) -> tuple:
     """(text, exact): the body in its declared charset, else UTF-8. exact is
     False when the bytes are not text in either (binary, broken UTF-8, a
-    charset Python cannot decode with): the text then has replacement
-    characters, fit for checks, never for storing."""
+    charset Python cannot decode with, or one that is not a text codec), or
+    decode to what UTF-8 cannot hold (a lone surrogate: utf-7's '+2AA-'): the
+    text then has replacement characters, fit for checks, never for storing."""
     declared = resp.encoding if "charset=" in resp.headers.get("Content-Type", "").lower() else None
     for codec in filter(None, (declared, "utf-8")):
         try:
-            return raw.decode(codec), True
-        except (LookupError, ValueError, TypeError):  # UnicodeDecodeError is a ValueError
+            if not getattr(codecs.lookup(codec), "_is_text_encoding", True):
+                continue  # base64, zlib, rot13: bytes to bytes, not a charset
+            text = raw.decode(codec)
+            text.encode("utf-8")
+            return text, True
+        except (LookupError, ValueError, TypeError):  # UnicodeDecodeError and UnicodeEncodeError are ValueErrors
             continue
     return raw.decode("utf-8", errors="replace"), False
 
@@ -3419,7 +3473,7 @@ def build_report(total: int, rest: list, duplicates: int, state: State, tally: T
     rows, pending = residue(rest, state, tally)
     counts = Counter(r["state"] for r in rows)
     return {
-        "redrive": __version__, "ids_file": str(cfg.ids_file), "state_dir": str(cfg.state_dir),
+        "redrive": __version__, "ids_file": shown_path(cfg.ids_file), "state_dir": shown_path(cfg.state_dir),
         "url": redact(redact_url(cfg.request.url)), "finished_at": iso(now),
         "exit_code": None, "stop": tally.stop and tally.stop.value, "elapsed_s": round(elapsed, 3),
         "requests": tally.requests, "passes": cfg.passes, "unreachable": tally.down,
@@ -3803,7 +3857,8 @@ def add_request_options(req) -> None:
     req.add_argument("--method", type=str.upper, metavar="M", help="HTTP method (GET)")
     req.add_argument("--data", metavar="TEMPLATE", help="request body with {id}")
     req.add_argument("--expect-json", action="store_true", help="retry a body that is not JSON")
-    req.add_argument("--require", action="append", default=[], metavar="TEXT", help="retry a body without TEXT")
+    req.add_argument("--require", action="append", default=[], metavar="TEXT",
+                     help="retry a body without TEXT ({id} is the id: '\"id\":\"{id}\"' checks the answer is its own)")
     req.add_argument("--require-field", action="append", default=[], metavar="NAME",
                      help="retry JSON whose field NAME is null/missing")
     req.add_argument("--demo", action="store_true", help="use a built-in misbehaving API on 127.0.0.1")
@@ -3880,7 +3935,8 @@ def config_from_args(args, environ, record: Optional[dict]) -> Config:
         retry_unavailable=args.retry_unavailable, max_time=args.max_time, quiet=args.quiet,
         fsync=args.fsync, report=args.report, allow_config_change=args.allow_config_change,
         retry_unsafe=args.retry_unsafe, guard=not args.no_guard,
-        secrets=tuple(v for _, v, _ in headers) + tuple(env_values(f"{url_spec} {args.data}", environ)))
+        secrets=tuple(v for _, v, _ in headers) + tuple(env_values(f"{url_spec} {args.data}", environ)) +
+        netrc_secrets())
 
 
 def demo_config(cfg: Config) -> tuple:
@@ -3890,6 +3946,23 @@ def demo_config(cfg: Config) -> tuple:
     request = dataclasses.replace(cfg.request, url=url)
     return server, dataclasses.replace(cfg, request=request, tries=3, backoff=0.2, max_backoff=2.0, cooldown=2.0,
                                        timeout=5.0)
+
+
+def check_report_path(cfg: Config) -> None:
+    """--report names neither the ids file nor a state file (it would be
+    replaced), and can be written: found out before the run is paid for."""
+    if cfg.report is None:
+        return
+    target = Path(os.path.abspath(cfg.report))
+    kept = [(cfg.ids_file, "the ids file")] + [(cfg.state_dir / name, f"the state file {name}")
+                                               for name in OWN_FILES if name != "report.json"]
+    for path, what in kept:
+        if Path(os.path.abspath(path)) == target or target.exists() and path.exists() and os.path.samefile(path, target):
+            raise RedriveError(f"--report {cfg.report}: that is {what}, which it would replace; "
+                               "name a file outside the state dir")
+    if target.is_dir() or not os.access(target.parent, os.W_OK | os.X_OK) or \
+            target.exists() and not os.access(target, os.W_OK):
+        raise RedriveError(f"--report {cfg.report}: cannot be written there; pick a writable path")
 
 
 def prepare_state_dir(path: Path) -> None:
@@ -3951,6 +4024,7 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
     """Load the state, run the passes, report. Raises RedriveError for setup problems."""
     started = fx.clock()
     ids, duplicates, unique, redact = read_input(cfg, err)
+    check_report_path(cfg)
     prepare_state_dir(cfg.state_dir)
     with RunLock(cfg.state_dir, fx.wallclock):
         record = read_run_record(cfg.state_dir)
@@ -4102,10 +4176,36 @@ def reserve_standard_fds() -> None:
                 os.close(null)
 
 
+def netrc_secrets() -> tuple:
+    """The passwords of the .netrc requests sends (read as requests reads it:
+    $NETRC, else ~/.netrc or ~/_netrc), with their Basic form: a server that
+    echoes them back shows '***'."""
+    import netrc
+    names = [os.environ["NETRC"]] if os.environ.get("NETRC") else \
+        [os.path.join(os.path.expanduser("~"), name) for name in (".netrc", "_netrc")]
+    for name in names:
+        try:
+            entries = netrc.netrc(name).hosts.values()
+        except (OSError, netrc.NetrcParseError):
+            continue
+        return tuple(secret for login, _, password in entries if password for secret in
+                     (password, base64.b64encode(f"{login or ''}:{password}".encode()).decode()))
+    return ()
+
+
 def secret_query_values(url: str) -> list:
     """Values of key-like query parameters in the template, to scrub from output."""
-    pairs = (p.partition("=") for p in urlsplit(url).query.split("&"))
-    return [value for name, eq, value in pairs if eq and SECRET_NAME.search(name)]
+    try:
+        query = urlsplit(url).query
+    except ValueError:
+        query = url.partition("?")[2]  # not a URL that parses: the check of --url says so, without a secret
+    pairs = (p.partition("=") for p in QUERY_SEPARATOR.split(query))
+    values = [unquote_plus(value) for name, eq, value in pairs if eq and SECRET_NAME.search(unquote_plus(name))]
+    userinfo = USERINFO.search(url)
+    if userinfo:  # a token as userinfo, or the password of user:password
+        user, colon, password = userinfo.group(1).partition(":")
+        values.append(password if colon else user)
+    return [v for v in values if v]
 
 
 def main(argv=None, *, fx: Effects = Effects(), err=None, out=None, environ=None) -> int:

@@ -168,6 +168,7 @@ class RawServer:
         self.base = f"http://127.0.0.1:{self.port}"
         self.template = self.base + "/items/{id}"
         self.replies, self.hits, self.requests = {}, Counter(), []
+        self.early = False  #: answer an error before reading the request's body, keeping the connection
         self.lock = threading.Lock()
         threading.Thread(target=self.serve, daemon=True).start()
 
@@ -191,15 +192,23 @@ class RawServer:
                         buffer += data
                     head, _, buffer = buffer.partition(b"\r\n\r\n")
                     length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
+                    script = self.script_for(head.decode("latin-1"))
+                    answered = script and isinstance(script[0], bytes) and script[0][9:10] != b"2"
+                    if self.early and length and answered:  # an error before the body: its bytes stay unread
+                        length = None
                     while length and len(buffer) < int(length.group(1)):
                         buffer += conn.recv(65536)
                     buffer = buffer[int(length.group(1)):] if length else buffer
-                    if not self.play(conn, self.script_for(head.decode("latin-1"))):
+                    if not self.play(conn, script):
                         return
         except OSError:
             pass  # the client gave up, as it should
 
     def script_for(self, head):
+        if not re.match(r"[A-Z]+ /\S* HTTP/1\.[01]\r\n", head):  # not a request line: what a server says to that
+            with self.lock:
+                self.requests.append(head)
+            return [answer(501, b"not a request")]
         path = head.split(" ", 2)[1]
         item = unquote(path.split("?")[0].rsplit("/", 1)[-1])
         with self.lock:
@@ -1110,6 +1119,35 @@ def test_netrc_credentials_are_sent_to_their_host_and_recorded_nowhere(server, t
     assert SECRET not in "".join(p.read_text() for p in (tmp_path / "ids.redrive").iterdir() if p.is_file())
 
 
+def test_a_netrc_password_echoed_back_by_the_server_is_never_shown(server, tmp_path, monkeypatch):
+    netrc = tmp_path / "netrc"
+    netrc.write_text(f"machine 127.0.0.1 login robot password {SECRET}\n")
+    monkeypatch.setenv("NETRC", str(netrc))
+    basic = base64.b64encode(f"robot:{SECRET}".encode()).decode()
+    server.replies["a"] = [(401, f"bad credentials: Basic {basic} ({SECRET})".encode(), {})]
+    code, err, _ = crawl(server, tmp_path, ["a"])
+    assert code == ExitCode.FATAL and "bad credentials" in err
+    assert SECRET not in err and basic not in err
+    assert SECRET not in (tmp_path / "ids.redrive" / "report.json").read_text()
+
+
+@pytest.mark.parametrize("url, data", [
+    ("http://{host}/items/{{id}}", '{"id":"{id}","api_key":"' + SECRET + '"}'),
+    ("http://" + SECRET + "@{host}/items/{{id}}", None),
+    ("http://{host}/items/{{id}}?x=1;api%5Fkey=" + SECRET, None),
+    ("http://{host}/items/{{id}}?pwd=" + SECRET, None),
+], ids=["a key in --data", "a token as userinfo", "a percent-encoded name after ';'", "a short name"])
+def test_secrets_in_data_userinfo_and_odd_query_names_reach_no_file_and_no_output(server, tmp_path, url, data):
+    host = urlsplit(server.base).netloc
+    extra = ["--data", data, "--method", "POST"] if data else []
+    ids_file = write_ids(tmp_path, ["a", "b"])
+    code, err, _ = run_cli([ids_file, "--url", url.format(host=host), *extra])
+    assert code == ExitCode.OK, err
+    assert SECRET not in err and SECRET not in all_output(tmp_path)
+    code, err, _ = run_cli([ids_file])  # a bare rerun: what run.json could not keep is asked for again
+    assert code == ExitCode.USAGE and "again" in err and SECRET not in err
+
+
 def test_quiet_speaks_once_when_ids_went_unavailable_then_is_silent_again(server, tmp_path):
     server.replies["bad"] = [500]
     ids = ["a", "bad"]
@@ -1242,6 +1280,36 @@ def test_bad_input_in_a_real_process_has_no_traceback(tmp_path):
     proc = subprocess.run(redrive_cmd(tmp_path / "ids.txt"), capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr and "UTF-8" in proc.stderr
+
+
+@pytest.mark.parametrize("where", ["ids.txt", "ids.redrive/done.txt", "ids.redrive/results.jsonl", "nowhere/r.json",
+                                   "ids.redrive"])
+def test_a_report_path_that_is_input_or_state_or_unwritable_is_refused_before_any_request(server, tmp_path, where):
+    crawl(server, tmp_path, ["a", "b"])  # a state dir with ids done
+    before = {p.name: p.read_bytes() for p in (tmp_path / "ids.redrive").iterdir()}
+    server.hits.clear()
+    code, err, _ = crawl(server, tmp_path, ["a", "b", "c"], "--report", tmp_path / where)
+    assert code == ExitCode.USAGE and len(err.strip().splitlines()) == 1 and "--report" in err
+    assert sum(server.hits.values()) == 0  # refused before the run was paid for
+    assert (tmp_path / "ids.redrive" / "done.txt").read_bytes() == before["done.txt"]
+    assert (tmp_path / "ids.redrive" / "results.jsonl").read_bytes() == before["results.jsonl"]
+    assert (tmp_path / "ids.txt").read_text().split() == ["a", "b", "c"]  # the input list as given
+
+
+def test_a_path_with_a_byte_that_is_not_utf8_runs_and_reports_like_any_other(server, tmp_path):
+    folder = Path(os.fsdecode(bytes(tmp_path) + b"/odd\xff"))
+    folder.mkdir()
+    code, err, _ = crawl(server, folder, ["a", "b"])
+    assert code == ExitCode.OK, err
+    report = json.loads((folder / "ids.redrive" / "report.json").read_text(encoding="utf-8"))
+    assert report["counts"]["done"] == 2 and report["state_dir"].endswith("odd\ufffd/ids.redrive")
+    assert not list((folder / "ids.redrive").glob("*.tmp"))
+
+
+def test_a_typo_in_an_ipv6_url_is_one_line_and_exit_2(tmp_path):
+    code, err, _ = run_cli([write_ids(tmp_path, ["a"]), "--url", "http://[::1/x/{id}?token=" + SECRET])
+    assert code == ExitCode.USAGE and len(err.strip().splitlines()) == 1 and "[" in err and SECRET not in err
+    assert not list(tmp_path.rglob("crash*"))
 
 
 def test_unwritable_state_dir_is_exit_2(tmp_path):
@@ -2707,6 +2775,56 @@ FAULTS = [
     ("a status nobody defined", [answer(999, b"?")], "skip", "HTTP 999"),
     ("a 2xx with an invalid JSON body", [answer(200, b'{"id": ', JSON)], "retryable", "invalid JSON"),
 ]
+
+
+@pytest.mark.parametrize("charset, body", [("utf-7", b"+2AA-"), ("unicode-escape", b"\\ud800"), ("rot13", b"uryyb")])
+def test_a_body_that_cannot_be_stored_as_its_charset_says_is_stored_losslessly_and_never_blocks_the_batch(
+        raw_server, tmp_path, charset, body):
+    raw_server.replies["odd"] = [[answer(200, body, [("Content-Type", f"text/plain; charset={charset}")])]]
+    ids = ["odd"] + [f"n{k}" for k in range(20)]
+    code, err, _ = crawl(raw_server, tmp_path, ids)
+    assert code == ExitCode.OK and "Traceback" not in err and sorted(state(tmp_path, "done.txt")) == sorted(ids)
+    [odd] = [r for r in state(tmp_path, "results.jsonl") if r["id"] == "odd"]
+    # stored losslessly, never as the charset's lone surrogate: its bytes as UTF-8 text when they are, else base64
+    stored = base64.b64decode(odd["body"]) if odd.get("body_encoding") == "base64" else odd["body"].encode("utf-8")
+    assert stored == body
+
+
+def test_a_late_second_answer_on_a_kept_open_connection_never_puts_one_ids_body_under_another(raw_server, tmp_path):
+    def twice(item, hit):  # its answer, then 50 ms later an error page on the same connection, as some frameworks do
+        return [answer(200, json.dumps({"id": item}).encode(), [("Content-Type", "application/json")]),
+                ("sleep", 0.05), answer(503, b"late error page")]
+    ids = [f"t{n}" for n in range(40)]
+    raw_server.replies.update({item: [twice] for item in ids})
+    code, err, _ = crawl(raw_server, tmp_path, ids, "--concurrency", "1", "--backoff", "0", "--tries", "10")
+    assert code == ExitCode.OK, err
+    results = state(tmp_path, "results.jsonl")
+    # the stale 503 is taken by the next request, which is retried; the connection that carried it is closed,
+    # so that request's own answer, still on its way, is never read as the request after's
+    assert sorted(r["id"] for r in results) == sorted(ids)
+    assert all(r["body"] == {"id": r["id"]} for r in results)
+
+
+def test_require_with_the_id_retries_a_body_that_is_another_ids_and_never_stores_it(raw_server, tmp_path):
+    def swapped(item, hit):
+        other = "b" if item == "a" else "a"
+        body = {"id": other if hit == 1 else item}
+        return [answer(200, json.dumps(body, separators=(",", ":")).encode(), [("Content-Type", "application/json")])]
+    raw_server.replies.update({"a": [swapped], "b": [swapped]})
+    code, err, _ = crawl(raw_server, tmp_path, ["a", "b"], "--require", '"id":"{id}"', "--backoff", "0")
+    assert code == ExitCode.OK, err
+    assert {r["id"]: r["body"]["id"] for r in state(tmp_path, "results.jsonl")} == {"a": "a", "b": "b"}
+    assert raw_server.hits["a"] == 2 and raw_server.hits["b"] == 2
+
+
+def test_a_post_answered_before_its_body_was_read_never_shifts_the_next_request(raw_server, tmp_path):
+    raw_server.early = True  # the unread body would be read as the start of the next request on that connection
+    raw_server.replies["a"] = [[answer(503, b"busy")], ok_answer]
+    code, err, _ = crawl(raw_server, tmp_path, ["a", "b", "c"], "--method", "POST", "--data", '{"item":"{id}"}',
+                         "--concurrency", "1", "--backoff", "0")
+    assert code == ExitCode.OK, err
+    assert sorted(state(tmp_path, "done.txt")) == ["a", "b", "c"] and state(tmp_path, "unavailable.jsonl") == []
+    assert not any(head.startswith("{") for head in raw_server.requests)  # no request began with a body's bytes
 
 
 @pytest.mark.parametrize("fault, script, bucket, reason", FAULTS, ids=[row[0] for row in FAULTS])
