@@ -1503,6 +1503,45 @@ def check_urls(cfg: Config, ids: list, redact: Redactor) -> None:
                 f"{problem}; list full URLs, or give --url TEMPLATE with {{id}}")
 
 
+#: Proxy URL schemes requests can use; socks ones need PySocks.
+PROXY_SCHEMES = frozenset({"http", "https", "socks4", "socks4a", "socks5", "socks5h"})
+
+#: Origins of a list of URLs whose proxy settings are checked before the run (see check_local_settings).
+CHECKED_ORIGINS = 100
+
+
+def check_local_settings(cfg: Config, ids: list, redact: Redactor) -> None:
+    """The proxy and CA bundle requests will use for these URLs, checked
+    before anything is sent: a local setting that cannot work would fail
+    every request alike, and settle every id as the server's answer. Raises
+    a set-up error (exit 3) that names the setting, its value redacted."""
+    urls = [build_url(cfg.request.url, "x")] if cfg.request.url != "{id}" else \
+        list({origin_of(i): i for i in itertools.islice(ids, 10 * CHECKED_ORIGINS)}.values())[:CHECKED_ORIGINS]
+    bundle = next(((name, os.environ[name]) for name in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
+                   if os.environ.get(name)), None)
+    if bundle and any(u.startswith("https:") for u in urls) and not os.path.exists(bundle[1]):
+        raise RedriveError(f"{bundle[0]}={shown_text(bundle[1])!r} names no file: every https request would fail; "
+                           "point it at a CA bundle or unset it", ExitCode.FATAL)
+    for url in urls:
+        proxy = requests.utils.select_proxy(url, requests.utils.get_environ_proxies(url))
+        if not proxy:
+            continue
+        shown = redact(redact_url(proxy))
+        try:
+            parsed = urllib3.util.parse_url(proxy)
+        except (ValueError, urllib3.exceptions.LocationParseError):
+            parsed = None
+        if parsed is None or parsed.scheme not in PROXY_SCHEMES or not parsed.host:
+            raise RedriveError(f"the proxy {shown!r} (from the *_proxy environment) is not a proxy URL; "
+                               "fix it, or unset it", ExitCode.FATAL)
+        if parsed.scheme.startswith("socks"):
+            try:
+                import socks  # noqa: F401 (PySocks: what requests needs for a socks proxy)
+            except ImportError:
+                raise RedriveError(f"the proxy {shown!r} is a socks proxy, and PySocks is not installed: "
+                                   "pip install 'requests[socks]', or unset it", ExitCode.FATAL) from None
+
+
 def expand_env(text: str, environ, where: str) -> str:
     """Replace each ${VAR} in text with its value from the environment."""
     def value(match):
@@ -1947,7 +1986,8 @@ def resume_step(last: dict, cfg: Config, wall: float) -> Step:
     across runs, is over (Step.wait seconds from `wall`)."""
     if last["pass"] >= cfg.passes:
         return Step(Move.GIVE_UP)
-    return Step(Move.FAIL, max(0.0, parse_iso(last["at"]) + pass_wait(cfg, last.get("retry_after")) - wall))
+    at = min(parse_iso(last["at"]), wall)  # a time in the future is a clock that was ahead: now, at the latest
+    return Step(Move.FAIL, max(0.0, at + pass_wait(cfg, last.get("retry_after")) - wall))
 
 
 def request_shape(request: Request) -> dict:
@@ -2028,6 +2068,10 @@ def settle_run_record(cfg: Config, record: Optional[dict], anything_done: bool, 
     allowed), then record the current one. Returns (a note on a change
     taken, or None; the time since which verdicts count, or None)."""
     shape = request_shape(cfg.request)
+    if record:  # as this version keeps it: a secret an older one kept verbatim is no change
+        old = record["shape"]
+        record["shape"] = {**old, "url": old["url"] if old["url"] == "--demo" else redact_url(old["url"]),
+                           "data": None if old.get("data") is None else redact_data(old["data"])}
     changes = shape_changes(record["shape"], shape) if record else []
     retarget = bool(changes) and any(record["shape"].get(k) != shape[k] for k in TARGET_FIELDS)
     if changes and anything_done and not cfg.allow_config_change:
@@ -2037,6 +2081,8 @@ def settle_run_record(cfg: Config, record: Optional[dict], anything_done: bool, 
                            "are done under the old one, and results would mix two requests: use a new --state-dir, "
                            f"or --allow-config-change ({keeps})")
     since = iso(now) if retarget else (record or {}).get("verdicts_since")
+    ahead = since is not None and since > iso(now)
+    since = min(since, iso(now)) if since else since  # a clock that was ahead must not void every verdict
     new = {"shape": shape, "hash": shape_hash(shape),
            "headers": [{"name": n, "value": spec} for n, spec in cfg.request.header_specs],
            "created": record.get("created") if record else iso(now), "redrive": __version__}
@@ -2047,7 +2093,8 @@ def settle_run_record(cfg: Config, record: Optional[dict], anything_done: bool, 
     if record is None or any(record.get(k) != new.get(k) for k in ("shape", "hash", "headers", "verdicts_since")):
         write_atomically(cfg.state_dir / "run.json", json.dumps(new, indent=2) + "\n")
     if not changes:
-        return None, since
+        return ("warning: run.json's verdicts_since was in the future (a clock ahead?); taken as now" if ahead
+                else None), since
     taken = "" if anything_done else "no id is done yet, so "
     again = "; ids unavailable under the old request will be asked again" if retarget else ""
     return f"the request changed ({'; '.join(changes)}); {taken}the new one is taken{again}", since
@@ -3031,6 +3078,11 @@ class Settler:
         if out.unreached and self.timeline.fixed_host:
             self._unreachable(host, out, now)
             return True
+        if out.cause is Cause.TIMEOUT and self.timeline.fixed_host:
+            # a host that takes the connection and never answers is as down as one that refuses it: DOWN_AFTER
+            # timeouts in a row with no answer between take it down; until then each spends its id's try
+            was_down = host.down_since is not None
+            return self._unreachable(host, out, now) and was_down
         if host.down_since is not None:
             self.say(f"redrive: {self.api} answers again; resuming")
             self.tally.down = None
@@ -3061,7 +3113,7 @@ class Settler:
         item.refused = not hosts  # its own trouble: its next refusal is no fresh sign of the host's
         return hosts and (spent or (out.retry_after or 0.0) <= cap) and host.refusing_for(now) <= cap
 
-    def _unreachable(self, host: Host, out: Outcome, now: float) -> None:
+    def _unreachable(self, host: Host, out: Outcome, now: float) -> bool:
         """When every id goes to one host, that host being unreachable means the
         API is down, not the ids: wait for it, and stop if it does not come back."""
         was_down = host.down_since is not None
@@ -3074,6 +3126,7 @@ class Settler:
             self.tally.down["probes"] = host.probes
         if host.probes >= self.cfg.tries * self.cfg.passes:
             self.tally.stopping(Stop.UNREACHABLE, self.fx.clock(), self.cfg)
+        return down
 
     def _probe_wait(self, probe: int) -> float:
         return backoff_delay(probe, self.cfg.backoff, self.cfg.max_backoff, self.fx.rand)
@@ -3312,11 +3365,15 @@ def plan(ids: list, state: State, cfg: Config, batch: Batch, ledger: Ledger, fx:
     rest = list(filter(state.undone.__contains__, ids))  # load_state(undone=...) made it
     settler = batch.settler
     settler.counts["done"] = len(ids) - len(rest)
+    ahead = False
     for item_id in rest:
         if item_id in state.unavailable and not cfg.retry_unavailable:
             settler.counts["unavailable"] += 1
             continue
         last = latest_failure(state, item_id)
+        if last and not ahead and parse_iso(last["at"]) > wall:
+            ahead = True
+            settler.say("redrive: warning: failed.jsonl holds times in the future (a clock ahead?); they count as now")
         step = resume_step(last, cfg, wall) if last else None
         if step is None:
             settler.schedule(Item(item_id), now)
@@ -4024,6 +4081,7 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
     """Load the state, run the passes, report. Raises RedriveError for setup problems."""
     started = fx.clock()
     ids, duplicates, unique, redact = read_input(cfg, err)
+    check_local_settings(cfg, ids, redact)
     check_report_path(cfg)
     prepare_state_dir(cfg.state_dir)
     with RunLock(cfg.state_dir, fx.wallclock):

@@ -1056,6 +1056,23 @@ def test_torn_last_line_is_cut_with_a_warning(server, tmp_path):
     assert [r["id"] for r in state(tmp_path, "results.jsonl")] == ["a", "b"]
 
 
+def test_times_in_the_future_left_by_a_clock_that_was_ahead_count_as_now_with_a_warning(server, tmp_path):
+    server.replies["gone"] = [404]
+    crawl(server, tmp_path, ["gone", "ok"])
+    ahead = redrive.iso(FakeTime().wallclock() + 3 * 365 * 86400)
+    run_json = tmp_path / "ids.redrive" / "run.json"
+    run_json.write_text(json.dumps({**json.loads(run_json.read_text()), "verdicts_since": ahead}))
+    failed = {"id": "late", "pass": 1, "bucket": "retryable", "status": 500, "cause": "status", "error": "500",
+              "tries": 5, "at": ahead, "due": ahead}
+    with open(tmp_path / "ids.redrive" / "failed.jsonl", "a") as fh:
+        fh.write(json.dumps(failed) + "\n")
+    code, err, fake = crawl(server, tmp_path, ["gone", "ok", "late"])
+    # before: "nothing is due before 2029", exit 1 on every rerun, and the 404 asked again on each
+    assert code == ExitCode.OK and "in the future" in err
+    assert server.hits["gone"] == 1 and server.hits["late"] == 1 and "late" in state(tmp_path, "done.txt")
+    assert fake.sleeps == [30.0]  # its cool-down, counted from now
+
+
 def test_result_whose_done_line_was_lost_is_completed_not_fetched(server, tmp_path):
     crawl(server, tmp_path, ["a", "b"])
     done = tmp_path / "ids.redrive" / "done.txt"
@@ -1310,6 +1327,22 @@ def test_a_typo_in_an_ipv6_url_is_one_line_and_exit_2(tmp_path):
     code, err, _ = run_cli([write_ids(tmp_path, ["a"]), "--url", "http://[::1/x/{id}?token=" + SECRET])
     assert code == ExitCode.USAGE and len(err.strip().splitlines()) == 1 and "[" in err and SECRET not in err
     assert not list(tmp_path.rglob("crash*"))
+
+
+@pytest.mark.parametrize("name, value, shown", [
+    ("REQUESTS_CA_BUNDLE", "/nonexistent/ca.pem", "REQUESTS_CA_BUNDLE='/nonexistent/ca.pem'"),
+    ("HTTPS_PROXY", "http://robot:" + SECRET + "@[bad", "robot:REDACTED@[bad"),
+    ("HTTPS_PROXY", "socks5://127.0.0.1:1080", "PySocks"),
+    ("HTTPS_PROXY", "::::", "'::::'"),
+])
+def test_a_local_setting_that_cannot_work_halts_before_anything_is_sent_or_marked(tls_server, tmp_path, monkeypatch,
+                                                                                 name, value, shown):
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.setenv(name, value)
+    code, err, _ = crawl(tls_server, tmp_path, ["a", "b"])
+    assert code == ExitCode.FATAL and shown in err and SECRET not in err
+    assert sum(tls_server.hits.values()) == 0 and not (tmp_path / "ids.redrive" / "unavailable.jsonl").exists()
 
 
 def test_unwritable_state_dir_is_exit_2(tmp_path):
@@ -2788,6 +2821,17 @@ def test_a_body_that_cannot_be_stored_as_its_charset_says_is_stored_losslessly_a
     # stored losslessly, never as the charset's lone surrogate: its bytes as UTF-8 text when they are, else base64
     stored = base64.b64decode(odd["body"]) if odd.get("body_encoding") == "base64" else odd["body"].encode("utf-8")
     assert stored == body
+
+
+def test_a_host_that_takes_the_connection_and_never_answers_is_probed_then_exit_69_with_nothing_marked(raw_server,
+                                                                                                       tmp_path):
+    raw_server.replies.update({f"h{n}": [[("sleep", 30)]] for n in range(12)})  # accepts, reads, never answers
+    code, err, _ = crawl(raw_server, tmp_path, [f"h{n}" for n in range(12)], "--timeout", "0.2", "--concurrency", "4",
+                         "--tries", "2", "--passes", "1")
+    assert code == ExitCode.UNREACHABLE and "unreachable (timeout after 0.2 s)" in err
+    assert state(tmp_path, "failed.jsonl") == [] and state(tmp_path, "unavailable.jsonl") == []
+    report = json.loads((tmp_path / "ids.redrive" / "report.json").read_text())
+    assert report["stop"] == "unreachable" and report["counts"]["pending"] == 12
 
 
 def test_a_late_second_answer_on_a_kept_open_connection_never_puts_one_ids_body_under_another(raw_server, tmp_path):
