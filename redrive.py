@@ -457,7 +457,8 @@ class Item:
     host: str = ""  #: the origin it is sent to: throttles and caps are per host
     sent: float = -1.0  #: when its last request started (-1: never, in this pass)
     refused: bool = False  #: its last answer was a refusal of its own: a new one is no fresh sign (see Host)
-    turned_away: bool = False  #: the host refused it: it goes behind the ids ready, so probes rotate over them
+    turned_away: bool = False  #: refused by the host, or timed out: it goes behind the ids ready
+    timed_out: bool = False  #: an attempt of it timed out before: a slow item, no sign of a host gone silent
 
 
 @dataclass(frozen=True)
@@ -1254,6 +1255,7 @@ class Host:
     down_since: Optional[float] = None
     probes: int = 0  #: probes that failed since it went down
     probing: bool = False  #: the one request let through while down is out
+    heard_at: float = -math.inf  #: its last answer of any kind (see Settler.observe)
 
     def rate(self, now: float) -> Optional[float]:
         """The CUBIC rate at `now`, req/s (None: the host was never cut)."""
@@ -1397,9 +1399,9 @@ class Host:
         return not (self.ready or self.inflight or self.w_max or self.quotas or self.unreached) and \
             self.paused_until <= now
 
-    def reached(self) -> None:
+    def reached(self, now: float) -> None:
         """Any answer, even an error, or a failure after connecting: the host is there."""
-        self.unreached = 0
+        self.unreached, self.heard_at = 0, now
         if self.down_since is not None:
             self.down_since, self.probes, self.probing, self.paused_until = None, 0, False, 0.0
 
@@ -3078,15 +3080,22 @@ class Settler:
         if out.unreached and self.timeline.fixed_host:
             self._unreachable(host, out, now)
             return True
-        if out.cause is Cause.TIMEOUT and self.timeline.fixed_host:
-            # a host that takes the connection and never answers is as down as one that refuses it: DOWN_AFTER
-            # timeouts in a row with no answer between take it down; until then each spends its id's try
+        heard = max(host.heard_at, host.first_sent if host.first_sent is not None else now)
+        silent = out.cause is Cause.TIMEOUT and (host.down_since is not None or not item.timed_out and
+                                                 now - heard >= 2 * self.cfg.timeout)
+        item.timed_out = item.timed_out or out.cause is Cause.TIMEOUT
+        if silent and self.timeline.fixed_host:
+            # a host that takes connections and never answers is as down as one that refuses them: DOWN_AFTER ids
+            # in a row timing out afresh, and nothing heard for two timeouts, take it down (no try spent since)
             was_down = host.down_since is not None
             return self._unreachable(host, out, now) and was_down
+        if out.cause is Cause.TIMEOUT:  # connected, but no answer: nothing heard from the host
+            host.unanswered(now, item.sent)
+            return False
         if host.down_since is not None:
             self.say(f"redrive: {self.api} answers again; resuming")
             self.tally.down = None
-        host.reached()
+        host.reached(now)
         if out.quota is not None:
             self.timeline.quoted.add(item.host)
         if out.throttle:  # 429, 503 (unless --skip or --fatal names it), or a rate limit said
@@ -3142,11 +3151,12 @@ class Settler:
                 self.tally.fatal, self.tally.fatal_id = out, item.id
             self.tally.stopping(Stop.FATAL, self.fx.clock(), self.cfg)
         elif step.move is Move.RETRY:
+            item.turned_away = out.cause is Cause.TIMEOUT  # behind the others, which tell if the host went silent
             self.schedule(item, self.fx.clock() + step.wait)
         elif step.move in (Move.FAIL, Move.GIVE_UP):
             self.books.failed(item, step)
             if step.move is Move.FAIL:
-                self.schedule(Item(item.id, item.pass_no + 1), self.fx.clock() + step.wait)
+                self.schedule(Item(item.id, item.pass_no + 1, timed_out=item.timed_out), self.fx.clock() + step.wait)
         elif step.move is Move.UNAVAILABLE:
             self.books.unavailable(item, step.outcome)
 
@@ -3381,7 +3391,8 @@ def plan(ids: list, state: State, cfg: Config, batch: Batch, ledger: Ledger, fx:
             settle_exhausted(item_id, last, ledger, state, cfg, wall)
             settler.counts["unavailable"] += 1
         else:
-            settler.schedule(Item(item_id, last["pass"] + 1), now + step.wait)
+            settler.schedule(Item(item_id, last["pass"] + 1, timed_out=record_cause(last) is Cause.TIMEOUT),
+                             now + step.wait)
     return rest
 
 

@@ -2546,7 +2546,7 @@ def test_a_host_is_down_after_requests_in_a_row_never_reach_it_and_probed_one_at
     assert host.opens_at(11.5) is None  # one probe at a time
     assert host.unreachable(12.0, waits) and host.opens_at(12.0) == 32.0  # the next after wait(2)
     host.start(32.0)
-    host.reached()
+    host.reached(33.0)
     host.unanswered(33.0, 32.0)
     for _ in range(redrive.START_LIMIT):  # back: the gate is as wide as before it went down
         assert host.opens_at(33.0) == 33.0
@@ -2826,8 +2826,11 @@ def test_a_body_that_cannot_be_stored_as_its_charset_says_is_stored_losslessly_a
 def test_a_host_that_takes_the_connection_and_never_answers_is_probed_then_exit_69_with_nothing_marked(raw_server,
                                                                                                        tmp_path):
     raw_server.replies.update({f"h{n}": [[("sleep", 30)]] for n in range(12)})  # accepts, reads, never answers
-    code, err, _ = crawl(raw_server, tmp_path, [f"h{n}" for n in range(12)], "--timeout", "0.2", "--concurrency", "4",
-                         "--tries", "2", "--passes", "1")
+    argv = [str(write_ids(tmp_path, [f"h{n}" for n in range(12)])), "--url", raw_server.template, "--timeout", "0.2",
+            "--concurrency", "4", "--tries", "3", "--passes", "1", "--backoff", "0.05"]
+    err = io.StringIO()
+    code = redrive.main(argv, err=err, environ={})  # real time: the silence is measured on the clock
+    err = err.getvalue()
     assert code == ExitCode.UNREACHABLE and "unreachable (timeout after 0.2 s)" in err
     assert state(tmp_path, "failed.jsonl") == [] and state(tmp_path, "unavailable.jsonl") == []
     report = json.loads((tmp_path / "ids.redrive" / "report.json").read_text())
