@@ -1217,7 +1217,7 @@ class Host:
        spend it, less others' share when the count falls faster than this run
        spends it; at none left, nothing until the reset + QUOTA_MARGIN, then one
        request until an answer declares the new window. The tightest bucket governs.
-    2. Otherwise slow start: START_LIMIT in flight, SLOW_START_STEP more per answer.
+    2. Otherwise slow start: START_LIMIT in flight, SLOW_START_STEP more per answer, one less per refusal.
     3. A fresh refusal (429 or 503 of an id not refused for itself just before) is
        the host's when the fresh refusals among its last SHARE_ANSWERS answers sent
        after the last cut exceed bN + SHARE_SIGMAS * sqrt(bN) + 1; b is the share it
@@ -1304,6 +1304,8 @@ class Host:
         spent = declared is not None and declared.remaining < 1
         refusing = self.last_ok < self.cut_at  # nothing taken since the cut: it refuses everything (see 5)
         if not (said or spent or refusing or sent <= self.cut_at or fresh and self.over_background()):
+            if self.w_max is None:  # slow start: a refused slot is not filled again, whoever's the refusal
+                self.limit = max(1.0, self.limit - 1.0)
             return False
         self.in_a_row += 1
         if spent or sent <= self.cut_at:  # the quota's gate waits for its reset; one cut per round trip
