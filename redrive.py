@@ -4,7 +4,7 @@
 # ///
 """redrive: finish a batch of HTTP requests, pay for nothing twice, say what is missing.
 
-usage: python redrive.py IDS_FILE [--url TEMPLATE] [-H 'NAME: VALUE'] [options]
+usage: python3 redrive.py IDS_FILE [--url TEMPLATE] [-H 'NAME: VALUE'] [options]
 
 IDS_FILE holds one id per line (UTF-8; blank lines and '#' lines are skipped).
 Each id becomes one request: --url TEMPLATE with {id} replaced by the
@@ -47,7 +47,7 @@ the four ledgers append-only, one record per line, flushed as written:
   report.json        the last run: counts, and every unresolved id with its action
   lock               held by the running process
 Rerun the same command after Ctrl+C, a kill or a reboot to resume; plain
-`python redrive.py IDS_FILE` reuses the request recorded in run.json.
+`python3 redrive.py IDS_FILE` reuses the request recorded in run.json.
 
 When every id goes to one host and it stops answering (refused, no such
 name, connect timeout), redrive probes it with backoff, spends no tries, and
@@ -114,9 +114,9 @@ try:
 except ImportError as missing:  # run by a python without requests: say how to get it, no traceback
     if __name__ != "__main__":
         raise
-    sys.stderr.write(f"redrive: error: {missing.name} is not installed for {sys.executable}; install it with "
-                     f"'{sys.executable} -m pip install -r requirements.txt', or run redrive with the python of "
-                     "the virtualenv that has it (see the README's set-up)\n")
+    sys.stderr.write(f"redrive: error: {missing.name} is not installed for {sys.executable}; make a virtualenv "
+                     "and run redrive with its python: 'python3 -m venv .venv && .venv/bin/python -m pip install "
+                     "-r requirements.txt', then '.venv/bin/python redrive.py ...' (the README's set-up)\n")
     sys.exit(2)
 
 __version__ = "0.1.0"
@@ -1217,7 +1217,8 @@ class Host:
        spend it, less others' share when the count falls faster than this run
        spends it; at none left, nothing until the reset + QUOTA_MARGIN, then one
        request until an answer declares the new window. The tightest bucket governs.
-    2. Otherwise slow start: START_LIMIT in flight, SLOW_START_STEP more per answer, one less per refusal.
+    2. Otherwise slow start: START_LIMIT in flight, SLOW_START_STEP more per answer,
+       one less per refusal.
     3. A fresh refusal (429 or 503 of an id not refused for itself just before) is
        the host's when the fresh refusals among its last SHARE_ANSWERS answers sent
        after the last cut exceed bN + SHARE_SIGMAS * sqrt(bN) + 1; b is the share it
@@ -1311,7 +1312,7 @@ class Host:
         if spent or sent <= self.cut_at:  # the quota's gate waits for its reset; one cut per round trip
             self.pause(now, wait if spent else None)
             return True
-        if self.last_ok < self.cut_at:  # nothing taken since the cut: a window ran out (see 5)
+        if refusing:  # a window ran out (see 5)
             self.refusing_since = self.cut_at if self.refusing_since is None else self.refusing_since
             self.sample = None  # the cut did not hold: no measure of the background
             probe = min(max(PROBE_SHARE * (now - self.refusing_since), 1.0 / self.rate(now)), self.longest)
@@ -1402,7 +1403,7 @@ class Host:
             self.paused_until <= now
 
     def reached(self, now: float) -> None:
-        """Any answer, even an error, or a failure after connecting: the host is there."""
+        """Any answer, even an error, or a connection cut after it was made: the host is there."""
         self.unreached, self.heard_at = 0, now
         if self.down_since is not None:
             self.down_since, self.probes, self.probing, self.paused_until = None, 0, False, 0.0
@@ -2886,7 +2887,7 @@ class Schedule:
         """The latest pause of a host with ids ready (0: none is paused). Only
         the hosts noted as paused are looked at, and those whose pause is over
         are dropped: a status line over a list of URLs on a million hosts
-        scans no million gates (0.6 s under the lock, each time)."""
+        scans no million gates under the lock."""
         for name, until in list(self.pauses.items()):
             if until <= now or name not in self.hosts:
                 del self.pauses[name]
@@ -3301,14 +3302,14 @@ class Batch:
 
     def _keep_time(self) -> None:
         """Requests are paced from now on: threads switch every SWITCH_INTERVAL
-        (it costs 5 to 10% more CPU per request on an unpaced run of 32 workers)."""
+        (a cost in CPU per request that an unpaced run need not pay)."""
         self.timed = True
         sys.setswitchinterval(SWITCH_INTERVAL)
 
     def _flush(self) -> None:
-        """The fsyncs, on their own thread: the disk's time (0.15 to 0.3 s
-        seen here, 1.3 s once) held every answer when the lock was held for
-        it, and every paced start when the main thread waited for it."""
+        """The fsyncs, on their own thread: the disk's time would hold every
+        answer if the lock were held for it, and every paced start if the
+        main thread waited for it."""
         names = self.flushes.get()
         while names is not None:
             try:
@@ -3597,7 +3598,10 @@ def stop_lines(tally: Tally, cfg: Config, redact: Redactor) -> list:
         return [f"redrive: halted: {out.error} for {redact(shown_id(tally.fatal_id))!r} "
                 f"({redact(redact_url(build_url(cfg.request.url, tally.fatal_id)))})",
                 f"  body: {out.excerpt!r}",
-                "  nothing was marked failed; fix the key or the account, then rerun the same command to resume"]
+                "  nothing was marked failed; fix the key or the account, then rerun the same command to resume"] + \
+            ([f"  in a list of URLs on many hosts, one host's {out.status} need not stop the rest: rerun with "
+              f"--skip {out.status} to list such ids as unavailable and go on"]
+             if cfg.request.url == "{id}" and out.status is not None else [])
     if tally.stop in SIGNAL_STOPS:
         return [f"redrive: {tally.stop.value}; {tally.abandoned} request(s) still in flight were left pending; "
                 "rerun the same command to resume"]
@@ -3812,9 +3816,10 @@ class DemoServer(http.server.ThreadingHTTPServer):
         pass  # a client hanging up is part of the show, not news
 
 
-def start_demo_server() -> DemoServer:
+def start_demo_server(asked: Counter) -> DemoServer:
+    """The demo API, each id already asked as often as `asked` says."""
     server = DemoServer(("127.0.0.1", 0), DemoHandler)
-    server.hits, server.lock = Counter(), threading.Lock()
+    server.hits, server.lock = Counter(asked), threading.Lock()
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     return server
 
@@ -3829,9 +3834,24 @@ class Parser(argparse.ArgumentParser):
     def error(self, message):
         unknown = re.findall(r"(?<!\S)(--?[\w-]+)", message.partition("unrecognized arguments:")[2])
         options = [o for o in self._option_string_actions if o.startswith("--")]
-        guesses = [difflib.get_close_matches(word.split("=")[0], options, n=1, cutoff=0.6) for word in unknown]
-        hint = "".join(f"; did you mean {guess[0]}?" for guess in guesses if guess)
+        guesses = [min(options, key=lambda o: edit_distance(word.split("=")[0], o)) for word in unknown]
+        hint = "".join(f"; did you mean {guess}?" for word, guess in zip(unknown, guesses)
+                       if edit_distance(word.split("=")[0], guess) <= TYPO_DISTANCE)
         raise RedriveError(f"{message}{hint}; see --help")
+
+
+#: A typo is this many letters off an option at most: further off, it is no typo ('--dry-run' is not '--retry-unsafe').
+TYPO_DISTANCE = 2
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Levenshtein's distance: the letters to insert, delete or change to turn a into b."""
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        row, last = [i], row
+        for j, y in enumerate(b, 1):
+            row.append(min(last[j] + 1, row[j - 1] + 1, last[j - 1] + (x != y)))
+    return row[-1]
 
 
 def bounded(kind: str, low: float, high: float, whole: bool = False, above: bool = False) -> Callable:
@@ -3876,8 +3896,8 @@ def status_codes(text: str) -> frozenset:
 
 
 EXAMPLES = """examples:
-  python redrive.py sample_ids.txt --demo
-  python redrive.py ids.txt --url 'https://api.example.com/items/{id}' \\
+  python3 redrive.py sample_ids.txt --demo
+  python3 redrive.py ids.txt --url 'https://api.example.com/items/{id}' \\
       -H 'X-API-Key: ${API_KEY}' -q
 
 exit codes:
@@ -3903,7 +3923,7 @@ def usage_parts(doc: str) -> tuple:
     """(usage line, description) for --help, from the module docstring: its
     usage line, and its first line and first paragraph. One text says it."""
     paragraphs = doc.split("\n\n")
-    usage = paragraphs[1].removeprefix("usage: python ")
+    usage = paragraphs[1].removeprefix("usage: python3 ")
     return usage, f"{paragraphs[0]}\n\n{paragraphs[2]}"
 
 
@@ -3913,7 +3933,7 @@ USAGE, DESCRIPTION = usage_parts(__doc__)
 def build_parser() -> Parser:
     """The command line: IDS_FILE, the request options, the run options."""
     p = Parser(prog="redrive.py", usage=USAGE, epilog=EXAMPLES, formatter_class=HelpFormatter,
-               description=DESCRIPTION)
+               description=DESCRIPTION, allow_abbrev=False)  # '--max-tim 5' is a typo, not --max-time
     p.add_argument("ids_file", metavar="IDS_FILE", type=Path, help="one id (or full http(s) URL) per line")
     add_request_options(p.add_argument_group("request (kept in run.json: a rerun without these reuses them)"))
     add_run_options(p.add_argument_group("run"))
@@ -3963,7 +3983,8 @@ def add_run_options(run) -> None:
     run.add_argument("--retry-unsafe", action="store_true", help="retry POST/PATCH that may have been processed")
     run.add_argument("--no-guard", action="store_true", help="don't halt when the first answers all fail alike")
     run.add_argument("--check", action="store_true", help="no network: reconcile IDS_FILE and the state")
-    run.add_argument("-q", "--quiet", action="store_true", help="print nothing unless the exit code is not 0")
+    run.add_argument("-q", "--quiet", action="store_true",
+                     help="print only what a person must act on: an exit code but 0, or ids newly unavailable")
     run.add_argument("--version", action="version", version=f"redrive {__version__}")
 
 
@@ -4010,8 +4031,13 @@ def config_from_args(args, environ, record: Optional[dict]) -> Config:
 
 
 def demo_config(cfg: Config) -> tuple:
-    """The demo: a local server and short delays, the normal code path."""
-    server = start_demo_server()
+    """The demo: a local server and short delays, the normal code path. An
+    id misbehaves by how often it was asked, as failed.jsonl records it, so
+    a demo stopped and resumed ends as one that ran through."""
+    asked, failed = Counter(), cfg.state_dir / "failed.jsonl"
+    for record in read_records(failed) if failed.is_file() else ():
+        asked[record["id"]] += record["tries"]
+    server = start_demo_server(asked)
     url = f"http://127.0.0.1:{server.server_address[1]}/items/{{id}}"
     request = dataclasses.replace(cfg.request, url=url)
     return server, dataclasses.replace(cfg, request=request, tries=3, backoff=0.2, max_backoff=2.0, cooldown=2.0,

@@ -598,6 +598,15 @@ def test_401_halts_at_once_and_marks_nothing_failed(server, tmp_path):
     assert server.hits == Counter({"a": 1, "b": 2, "c": 1, "d": 1})
 
 
+def test_a_401_in_a_list_of_urls_names_skip_401_as_the_way_on(server, tmp_path):
+    server.replies["b"] = [401]
+    ids = write_ids(tmp_path, [f"{server.base}/items/a", f"{server.base}/items/b"])
+    code, err, _ = run_cli([ids, "--concurrency", "1"])
+    assert code == ExitCode.FATAL and "--skip 401" in err
+    code, err, _ = run_cli([ids, "--skip", "401"])
+    assert code == ExitCode.OK and [r["status"] for r in state(tmp_path, "unavailable.jsonl")] == [401]
+
+
 def test_402_is_fatal_and_fatal_codes_are_configurable(server, tmp_path):
     server.replies["a"] = [402]
     assert crawl(server, tmp_path, ["a", "b"])[0] == ExitCode.FATAL
@@ -1209,6 +1218,18 @@ def test_demo_runs_the_normal_path_to_a_settled_end(tmp_path):
     assert len(state(tmp_path, "done.txt", stem="sample_ids")) == 43
 
 
+@pytest.mark.parametrize("stop_after", [0.3, 1.5, 3.0])
+def test_a_demo_stopped_and_resumed_ends_as_one_that_ran_through(tmp_path, stop_after):
+    ids = tmp_path / "sample_ids.txt"
+    ids.write_bytes((HERE / "sample_ids.txt").read_bytes())
+    code, err, _ = run_cli([ids, "--demo", "--max-time", stop_after], fake=FastForward())
+    assert code == ExitCode.INCOMPLETE, err
+    code, err, _ = run_cli([ids], fake=FastForward())  # the restarted demo server knows what was asked
+    assert code == ExitCode.OK, err
+    assert len(state(tmp_path, "unavailable.jsonl", stem="sample_ids")) == 7  # 8 or 9 when it forgot
+    assert len(state(tmp_path, "done.txt", stem="sample_ids")) == 43
+
+
 # ----------------------------------------------------------------- secrets
 
 
@@ -1374,7 +1395,7 @@ def test_help_and_version(capsys):
     codes = out.split("exit codes:\n")[1].splitlines()
     assert [int(line.split()[0]) for line in codes] == [int(code) for code in ExitCode]  # one line each, the last
     usage = next(line for line in redrive.__doc__.splitlines() if line.startswith("usage: "))
-    assert out.startswith(usage.replace("python ", "", 1) + "\n")  # the docstring's usage line, not a copy
+    assert out.startswith(usage.replace("python3 ", "", 1) + "\n")  # the docstring's usage line, not a copy
     assert redrive.__doc__.splitlines()[0] in out
     told = redrive.__doc__.split("Exit codes:")[1]  # the docstring's own list names every code, and no other
     assert sorted(map(int, re.findall(r"\b(\d{1,3}) ", told))) == sorted(int(code) for code in ExitCode)
@@ -1393,11 +1414,20 @@ def test_a_mistyped_option_gets_the_closest_one_suggested(tmp_path):
     assert code == ExitCode.USAGE and "did you mean --concurrency?" in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("typed, said", [("--dry-run", None), ("--verbose", None), ("--max-tim", "--max-time"),
+                                          ("--ur", "--url"), ("--dem", "--demo")])
+def test_an_option_is_never_guessed_from_a_prefix_and_only_a_near_typo_gets_a_suggestion(tmp_path, typed, said):
+    code, err, _ = run_cli([write_ids(tmp_path, ["a"]), typed, "5"])
+    assert code == ExitCode.USAGE and err.count("\n") == 1 and "see --help" in err
+    assert (f"did you mean {said}?" in err) if said else "did you mean" not in err
+
+
 def test_without_requests_installed_one_line_says_how_to_install_it(tmp_path):
     proc = subprocess.run([sys.executable, "-S", str(HERE / "redrive.py"), str(write_ids(tmp_path, ["a"]))],
                           capture_output=True, text=True, timeout=30)  # -S: no site-packages, so no requests
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert "requests is not installed" in proc.stderr and "-m pip install -r requirements.txt" in proc.stderr
+    assert proc.stderr.index("venv") < proc.stderr.index("pip install")  # the venv first: PEP 668 refuses the rest
 
 
 # -------------------------------------------------- processes and signals
