@@ -159,9 +159,6 @@ GRACE_SECONDS = 5.0
 #: Pending ids report.json lists one by one; past that it gives their count.
 PENDING_LISTED = 1000
 
-#: How many unavailable ids the summary lists before pointing at the file.
-LISTED_UNAVAILABLE = 20
-
 #: Without --fsync, dirty state files are fsynced at least this often (seconds).
 SYNC_INTERVAL = 1.0
 
@@ -3560,8 +3557,11 @@ def build_report(total: int, rest: list, duplicates: int, state: State, tally: T
     }
 
 
-def summarize(report: dict) -> list:
-    """The end-of-run summary for stderr, drawn from the report."""
+def summarize(report: dict, news: bool = False) -> list:
+    """The end-of-run summary for stderr, drawn from the report: the ids a
+    person can act on before the definitive answers, each reason once with a
+    few of its ids. `news` (-q, a cron mail): only what this run changed is
+    named; the unavailable ids of earlier runs are one count line."""
     c = report["counts"]
     dup = f" ({c['duplicates']} duplicate line{'s' if c['duplicates'] != 1 else ''} ignored)" if c["duplicates"] else ""
     lines = [f"redrive: {c['input']} ids{dup}, {report['requests']} requests in {report['elapsed_s']:.1f} s"]
@@ -3569,18 +3569,42 @@ def summarize(report: dict) -> list:
     for pass_no, counts in report["per_pass"].items():
         lines.append(f"  pass {pass_no}: " + ", ".join(f"{counts[k]} {k}" for k in ("done", "failed", "unavailable")
                                                      if counts.get(k)))
-    if report["reasons"]:
-        lines.append("what is missing, and what to do:")
-        for group in report["reasons"]:
-            what = group["reason"] if group["state"] == "unavailable" else f"{group['state']}, {group['reason']}"
-            lines.append(f"  {group['count']} x {what}: {group['action']}")
-    unavailable = [r for r in report["unresolved"] if r["state"] == "unavailable"]
-    if unavailable:
-        lines.append("unavailable ids (reason: action):")
-        lines += [f"  {r['id']}: {r['reason']}: {r['action']}" for r in unavailable[:LISTED_UNAVAILABLE]]
-        if len(unavailable) > LISTED_UNAVAILABLE:
-            lines.append(f"  ... and {len(unavailable) - LISTED_UNAVAILABLE} more: see unavailable.jsonl")
+    rows = [r for r in report["unresolved"] if not news or r["state"] != "unavailable" or r["new"]]
+    older = sum(1 for r in report["unresolved"] if r["state"] == "unavailable") - \
+        sum(1 for r in rows if r["state"] == "unavailable")
+    groups = residue_groups(rows, report)
+    if groups:
+        lines.append("what went unavailable or is left in this run, and what to do:" if news else
+                     "what is missing, and what to do:")
+    for (state, reason), ids, count, action in groups:
+        what = reason if state == "unavailable" else f"{state}, {reason}"
+        lines.append(f"  {count} x {what}: {action}")
+        more = f" and {count - len(ids)} more" if count > len(ids) else ""
+        lines.append(f"      {', '.join(ids)}{more}")
+    if older:
+        lines.append(f"  and {older} id{'s' if older != 1 else ''} unavailable from earlier runs: see unavailable.jsonl")
     return lines
+
+
+#: Ids a summary names for each reason; the rest are counted (every one is in the state files and report.json).
+NAMED_PER_REASON = 3
+
+
+def residue_groups(rows: list, report: dict) -> list:
+    """((state, reason), a few ids, how many, the action) for each reason, the
+    ids a person can act on first (failures that may pass, then what is left
+    pending), the definitive answers (404, 410 and other skips) last."""
+    actions = {(g["state"], g["reason"]): g["action"] for g in report["reasons"]}
+    grouped = {}
+    for row in rows:
+        grouped.setdefault((row["state"], row["reason"]), []).append(row)
+    def rank(item):
+        (state, _), members = item
+        settled = state == "unavailable" and members[0]["bucket"] == Bucket.SKIP.value
+        return ({"unavailable": 0, "failed": 1, "pending": 2}[state] + 3 * settled, -len(members))
+    return [(key, [r["id"] for r in members[:NAMED_PER_REASON]],
+             report["counts"]["pending"] if key[0] == "pending" else len(members), actions.get(key, ""))
+            for key, members in sorted(grouped.items(), key=rank)]
 
 
 def exit_code(report: dict) -> ExitCode:
@@ -4193,7 +4217,8 @@ def finish(report: dict, tally: Tally, cfg: Config, redact: Redactor, err) -> Ex
     for path in filter(None, (cfg.state_dir / "report.json", cfg.report)):
         write_atomically(path, text)
     if code != ExitCode.OK or not cfg.quiet or report["new_unavailable"]:  # -q: silent when nothing is news
-        print("\n".join(map(shown_text, stop_lines(tally, cfg, redact) + summarize(report))), file=err, flush=True)
+        lines = stop_lines(tally, cfg, redact) + summarize(report, news=cfg.quiet)
+        print("\n".join(map(shown_text, lines)), file=err, flush=True)
     return code
 
 

@@ -572,7 +572,7 @@ def test_404_is_unavailable_and_never_retried(server, tmp_path):
     assert record["action"] == "removed upstream (404): drop it from the input list"
     assert record["cause"] == "status"
     assert state(tmp_path, "failed.jsonl") == []
-    assert "gone: 404 Not Found: removed upstream" in err
+    assert "1 x 404 Not Found: removed upstream (404): drop it from the input list\n      gone\n" in err
     assert crawl(server, tmp_path, ["gone", "ok"])[0] == ExitCode.OK
     assert server.hits["gone"] == 1
 
@@ -1179,13 +1179,29 @@ def test_quiet_speaks_once_when_ids_went_unavailable_then_is_silent_again(server
     ids = ["a", "bad"]
     code, err, _ = crawl(server, tmp_path, ids, "-q", "--tries", "1")
     assert code == ExitCode.OK
-    assert "1 x 500 Internal Server Error: still 500 after 2 passes" in err and "bad: 500" in err
+    assert "1 x 500 Internal Server Error: still 500 after 2 passes" in err and "\n      bad\n" in err
     report = json.loads((tmp_path / "ids.redrive" / "report.json").read_text())
     assert report["new_unavailable"] == 1 and report["unresolved"][0]["new"] is True
     code, err, _ = crawl(server, tmp_path, [*ids, "c"], "-q")
     assert code == ExitCode.OK and err == ""  # nothing new for a person: cron mails nothing
     report = json.loads((tmp_path / "ids.redrive" / "report.json").read_text())
     assert report["new_unavailable"] == 0 and report["unresolved"][0]["new"] is False
+
+
+def test_the_cron_mail_names_what_this_run_changed_and_counts_the_older_residue(server, tmp_path):
+    old = [f"old{n}" for n in range(36)]
+    server.replies.update({item: [404] for item in old})
+    crawl(server, tmp_path, ["a", *old], "-q")
+    new = [f"new{n}" for n in range(100)]
+    server.replies.update({item: [404] for item in new[:4]})
+    code, err, _ = crawl(server, tmp_path, ["a", *old, *new], "-q")
+    assert code == ExitCode.OK
+    assert "  4 x 404 Not Found: removed upstream (404): drop them from the input list" in err
+    assert "      new0, new1, new2 and 1 more" in err
+    assert "and 36 ids unavailable from earlier runs: see unavailable.jsonl" in err and "old0" not in err
+    server.replies["z"] = [401]  # the wrong key: the mail says so, and carries no old residue
+    code, err, _ = crawl(server, tmp_path, ["a", *old, *new, "z", "y"], "-q", "--concurrency", "1")
+    assert code == ExitCode.FATAL and "halted: 401" in err and "old0" not in err and "new0" not in err
 
 
 def test_quiet_prints_nothing_on_success_and_the_summary_on_failure(server, tmp_path):
@@ -1196,15 +1212,18 @@ def test_quiet_prints_nothing_on_success_and_the_summary_on_failure(server, tmp_
     assert code == ExitCode.FATAL and "401 Unauthorized" in err
 
 
-def test_summary_lists_20_unavailable_then_points_at_the_file(server, tmp_path):
-    ids = [f"g{n}" for n in range(23)]
+def test_summary_names_a_few_ids_of_each_reason_and_the_ones_to_act_on_first(server, tmp_path):
+    ids = [f"g{n}" for n in range(23)] + ["down1", "down2"]
     for item in ids:
-        server.replies[item] = [404]
-    code, err, _ = crawl(server, tmp_path, ids, "--no-guard")  # every id gone is what this list is about
+        server.replies[item] = [503] if item.startswith("down") else [404]
+    code, err, _ = crawl(server, tmp_path, ids, "--no-guard", "--tries", "1", "--cooldown", "0")
     assert code == ExitCode.OK
-    assert "23 x 404 Not Found" in err
-    assert "g19: 404" in err and "g20: 404" not in err
-    assert "... and 3 more: see unavailable.jsonl" in err
+    lines = err.splitlines()
+    residue = lines[lines.index("what is missing, and what to do:") + 1:]
+    # the ids a person can act on (a 503 that may pass) before the 23 identical definitive answers
+    assert residue[0].startswith("  2 x 503 Service Unavailable") and residue[1] == "      down1, down2"
+    assert residue[2].startswith("  23 x 404 Not Found") and residue[3] == "      g0, g1, g2 and 20 more"
+    assert len(residue) == 4
 
 
 def test_demo_runs_the_normal_path_to_a_settled_end(tmp_path):
@@ -3397,7 +3416,8 @@ def test_ids_and_reasons_reach_the_terminal_with_control_characters_escaped(serv
 def test_a_reason_without_a_status_is_said_once(raw_server, tmp_path):
     raw_server.replies["x"] = [[answer(302, headers=[("Location", "file:///etc/passwd")])]]
     code, err, _ = crawl(raw_server, tmp_path, ["x"])
-    assert code == ExitCode.OK and err.count("redirect to an unsupported URL") == 2  # the group, and the id
+    assert code == ExitCode.OK and err.count("redirect to an unsupported URL") == 1  # the group names the id
+    assert "\n      x\n" in err
     assert "redirect to an unsupported URL: redirect to" not in err
 
 
