@@ -2967,6 +2967,7 @@ class Snapshot:
     paused_until: float  #: the latest pause of a host with ids ready
     waiting_until: Optional[float]  #: nothing in flight or ready: when the next id is due
     quota: Optional[dict] = None  #: the tightest declared quota (see quota_view)
+    down: bool = False  #: the API's host is unreachable: its pause is a probe's, not a throttle's
 
 
 def beyond_reach(due: float, now: float, end_at: Optional[float], cfg: Config) -> bool:
@@ -3003,7 +3004,7 @@ class Settler:
         self.say = say
         self.api = shown_host(cfg.request.url)  #: the fixed host, as messages name it
         self.guard = Guard(0)  #: off until armed (see run_passes)
-        self.last_due = 0.0  #: when the last id scheduled for a later pass is due (for the ETA)
+        self.last_due = 0.0  #: when the last id scheduled to wait is due (for the ETA)
         self.started_passes = set()
 
     def take(self, now: float) -> Optional[Item]:
@@ -3026,7 +3027,7 @@ class Settler:
         idle = not (timeline.inflight or timeline.active)
         return Snapshot(self.tally.requests, counts["done"], counts["unavailable"], counts["awaiting"],
                         self.last_due, max(self.started_passes, default=1), timeline.paused_until(self.fx.clock()),
-                        timeline.next_due() if idle else None, self.quota_view())
+                        timeline.next_due() if idle else None, self.quota_view(), self.tally.down is not None)
 
     def quota_view(self) -> Optional[dict]:
         """The tightest quota a host declared, as the status line and report.json show it."""
@@ -3040,9 +3041,9 @@ class Settler:
 
     def schedule(self, item: Item, ready_at: float) -> None:
         """Put an id on the timeline (see Schedule.add), counted if it waits for a later pass."""
+        self.last_due = max(self.last_due, ready_at)  # a backoff's end, or a later pass's: no ETA before it
         if item.pass_no > 1 and item.tries == 0:
             self.counts["awaiting"] += 1
-            self.last_due = max(self.last_due, ready_at)
         self.timeline.add(item, ready_at, self.fx.clock())
 
     def finish(self, item: Item, outcome: Outcome) -> None:
@@ -3405,6 +3406,14 @@ def settle_exhausted(item_id, last, ledger, state, cfg, wall) -> None:
 # ------------------------------------------------------ report and progress
 
 
+def fit(parts: list, width: int) -> list:
+    """The (priority, text) parts of a status line, the lowest dropped first until they fit `width`."""
+    parts = list(parts)
+    while len(parts) > 1 and len(", ".join(text for _, text in parts)) > width:
+        parts.remove(min(parts, key=lambda part: part[0]))
+    return parts if len(parts[0][1]) <= width else [(0, parts[0][1][:width])]
+
+
 class Progress:
     """The status line on stderr: rewritten in place a few times a second on
     a terminal, one plain line every 30 s anywhere else, nothing with -q."""
@@ -3420,6 +3429,10 @@ class Progress:
         self.next_at = clock() + self.interval
         self.window = [(clock(), 0, 0)]  #: (time, requests, settled) samples for the rates
         self.shown = False
+
+    def begin(self, settled: int) -> None:
+        """The run starts with `settled` ids done or unavailable already: its rates count only its own."""
+        self.window = [(self.clock(), 0, settled)]
 
     def due_in(self) -> Optional[float]:
         return None if self.quiet else max(0.0, self.next_at - self.clock())
@@ -3437,9 +3450,10 @@ class Progress:
         if self.quiet or now < self.next_at:
             return
         self.next_at = now + self.interval
-        line = self.render(snapshot(), now)
+        parts = self.render(snapshot(), now)
         if self.tty:  # one row, or every rewrite after a resize leaves a stale wrapped line behind
-            line = line[:max(10, self.width() - 1)]
+            parts = fit(parts, max(10, self.width() - 1))
+        line = ", ".join(text for _, text in parts)
         self.stream.write(f"\r{line}\x1b[K" if self.tty else f"redrive: {line}\n")
         self.stream.flush()
         self.shown = self.tty
@@ -3452,29 +3466,34 @@ class Progress:
         span = max(now - self.window[0][0], 1e-9)
         rate = (self.window[-1][1] - self.window[0][1]) / span
         settling = (self.window[-1][2] - self.window[0][2]) / span
-        parts = [f"pass {snap.pass_no}", f"{done}/{self.total} done",
-                 f"{unavailable} unavailable", f"{snap.awaiting} failed",
-                 f"{rate:.1f} req/s" if rate >= 1 or not rate else f"{rate:.2f} req/s"]
+        # (what is dropped last when the line must be cut to the terminal: lowest first, text) in their order
+        parts = [(9, f"pass {snap.pass_no}"), (9, f"{done}/{self.total} done"),
+                 (6, f"{unavailable} unavailable"), (5, f"{snap.awaiting} failed"),
+                 (3, f"{rate:.1f} req/s" if rate >= 1 or not rate else f"{rate:.2f} req/s")]
         if snap.quota:
             of = f"/{snap.quota['limit']}" if snap.quota["limit"] is not None else ""
-            parts.append(f"quota {snap.quota['remaining']}{of}, resets {snap.quota['resets_at'][11:16]}")
-        if snap.paused_until - now >= 0.5:
-            parts.append(f"throttled, pausing {duration(snap.paused_until - now)}")
+            parts.append((2, f"quota {snap.quota['remaining']}{of}, resets {snap.quota['resets_at'][11:16]}"))
+        if snap.down:
+            parts.append((7, "unreachable, probing"))
+        elif snap.paused_until - now >= 0.5:
+            parts.append((4, f"throttled, pausing {duration(snap.paused_until - now)}"))
         elif snap.waiting_until is not None and snap.waiting_until - now >= 0.5:
-            parts.append(f"waiting {duration(snap.waiting_until - now)}")
+            parts.append((4, f"waiting {duration(snap.waiting_until - now)}"))
         left = self.total - done - unavailable
         if left:
-            parts.append(f"ETA {self.eta(left, settling, snap, now)}")
-        return ", ".join(parts)
+            parts.append((8, f"ETA {self.eta(left, settling, snap, now)}"))
+        return parts
 
     @staticmethod
     def eta(left: int, settling: float, snap: Snapshot, now: float) -> str:
         """Time to the end: the ids left at the pace they settle, but no sooner
-        than the last id waiting for a later pass is due, plus its own turn."""
+        than the last id waiting out a backoff or a cool-down is due, plus the
+        turn of those waiting for a later pass; a known wait before anything settles."""
+        wait = max(0.0, snap.last_due - now, (snap.waiting_until or now) - now)
         if settling <= 0:
-            return "not known yet"
+            return f"{duration(wait)} at least" if wait >= 0.5 else "not known yet"
         awaiting = snap.awaiting
-        later = max(0.0, snap.last_due - now) + awaiting / settling if awaiting else 0.0
+        later = wait + (awaiting / settling if awaiting else 0.0)
         return duration(max(left / settling, later))
 
     def say(self, line: str) -> None:
@@ -4113,20 +4132,24 @@ def refuse_foreign_files(state_dir: Path) -> None:
 
 
 class StopSignals:
-    """SIGINT, SIGTERM and SIGHUP ask the batch to stop; a second one exits at once.
-    Every line is already written with os.write, so nothing flushed is lost."""
+    """SIGINT, SIGTERM and SIGHUP ask the batch to stop; a second one stops it
+    at once, leaving what is in flight pending (report.json is still written,
+    and the status line ended); a third exits on the spot. Every line is
+    already written with os.write, so nothing flushed is lost."""
 
     STOPS = {signal.SIGINT: Stop.INTERRUPTED, signal.SIGTERM: Stop.TERMINATED,
              **({signal.SIGHUP: Stop.HUNG_UP} if hasattr(signal, "SIGHUP") else {})}
 
     def __init__(self, batch: Batch):
-        self.batch, self.saved, self.seen = batch, {}, False
+        self.batch, self.saved, self.seen = batch, {}, 0
 
     def handle(self, signum, frame):
         stop = self.STOPS[signum]
-        if self.seen:
+        self.seen += 1
+        if self.seen > 2:
             os._exit(int(stop.code))
-        self.seen = True
+        if self.seen == 2:
+            self.batch.tally.stop_at = self.batch.fx.clock()  # no grace: the run loop ends at its next look
         self.batch.request_stop(stop)
 
     def __enter__(self):
@@ -4192,6 +4215,7 @@ def run_passes(cfg: Config, fx: Effects, err, ids: list, state: State, ledger: L
     progress = Progress(err, len(ids), fx.clock, cfg.quiet)
     batch = Batch(cfg, ledger, state, fx, redact, progress)
     rest = plan(ids, state, cfg, batch, ledger, fx)
+    progress.begin(batch.settler.counts["done"] + batch.settler.counts["unavailable"])
     if cfg.guard and fresh and batch.timeline.pending() >= GUARD_MIN:  # nothing done yet: is the set-up right?
         batch.settler.guard = Guard(min(GUARD_SAMPLE, batch.timeline.pending()))
     progress.say(f"redrive: {len(ids)} ids, {batch.timeline.pending()} to fetch, state in {cfg.state_dir}")

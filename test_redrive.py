@@ -1527,10 +1527,13 @@ def test_second_ctrl_c_exits_at_once(server, tmp_path):
     said = read_line_with(proc, "press Ctrl+C again to quit now")  # the first one is taken: s5 is awaited
     assert "interrupted: finishing the " in said and "request(s) in flight" in said
     proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=10)
+    _, err = proc.communicate(timeout=10)
     assert proc.returncode == 130 and time.monotonic() - started < 3
     lines = (tmp_path / "ids.redrive" / "done.txt").read_bytes()
     assert lines.endswith(b"\n") and len(lines.splitlines()) >= 5
+    report = json.loads((tmp_path / "ids.redrive" / "report.json").read_text())  # written, as for every stop
+    assert report["stop"] == "interrupted" and report["exit_code"] == 130 and report["counts"]["pending"] >= 1
+    assert err.endswith("\n") and "rerun the same command to resume" in err
 
 
 def test_second_run_on_the_same_state_dir_exits_75(server, tmp_path):
@@ -2095,6 +2098,27 @@ def test_progress_off_a_terminal_is_a_plain_line_every_30_s(server, tmp_path):
     assert "\r" not in err and "\x1b" not in err
 
 
+def status_line(progress, snap, now):
+    return ", ".join(text for _, text in progress.render(snap, now))
+
+
+def test_a_resumed_runs_eta_counts_only_its_own_work_and_a_known_wait_is_shown():
+    clock = FakeTime()
+    progress = redrive.Progress(io.StringIO(), 40, clock.clock, quiet=False)
+    progress.begin(30)  # an earlier run settled 30 of the 40
+    later = clock.now + 10.0  # ten seconds in, 5 more settled: half an id a second
+    assert "ETA 10 s" in status_line(progress, redrive.Snapshot(10, 35, 0, 0, 0.0, 1, 0.0, None), later)
+    # before: the earlier run's 30 counted as settled in these ten seconds, and 5 left took "1 s"
+    waits = redrive.Snapshot(10, 35, 0, 0, later + 60.0, 1, 0.0, None)  # one of them waits out a 60 s backoff
+    assert "ETA 1m00s" in status_line(progress, waits, later)
+    idle = redrive.Progress(io.StringIO(), 40, clock.clock, quiet=False)
+    idle.begin(35)  # nothing settled yet, and the next id is due in 7 s: a wait of known length
+    assert "ETA 7 s at least" in status_line(idle, redrive.Snapshot(0, 35, 0, 0, 0.0, 1, 0.0, clock.now + 7.0), clock.now)
+    down = redrive.Snapshot(10, 35, 0, 0, 0.0, 1, later + 9.0, None, down=True)
+    line = status_line(progress, down, later)
+    assert "unreachable, probing" in line and "throttled" not in line
+
+
 def read_terminal(master, slave):
     """Everything a process wrote to its terminal (a pty), until it closed it."""
     os.close(slave)
@@ -2144,7 +2168,9 @@ def test_progress_on_a_narrow_terminal_never_wraps(server, tmp_path):
     assert proc.wait(timeout=30) == 0
     statuses = re.findall(r"\r(pass 1, [^\r\x1b]*)\x1b\[K", output.decode())
     assert len(statuses) >= 2 and all(len(line) <= 49 for line in statuses)
-    assert any(len(line) == 49 for line in statuses)  # it had more to say, and was cut to fit
+    # it had more to say: whole fields were dropped from the least needed, the counts and the ETA kept to the last
+    assert all(re.search(r"\d+/150 done", line) for line in statuses)
+    assert any("ETA" in line and "req/s" not in line for line in statuses)
 
 
 def test_report_json_lists_every_unresolved_id_with_reason_and_action(server, tmp_path):
