@@ -4025,6 +4025,9 @@ def add_run_options(run) -> None:
     run.add_argument("--allow-config-change", action="store_true", help="accept a request unlike run.json's")
     run.add_argument("--retry-unsafe", action="store_true", help="retry POST/PATCH that may have been processed")
     run.add_argument("--no-guard", action="store_true", help="don't halt when the first answers all fail alike")
+    run.add_argument("--dry-run", action="store_true",
+                     help="send nothing, write nothing: say how many ids are done, unavailable and new, and show "
+                          "the first five requests, secrets redacted")
     run.add_argument("--check", action="store_true", help="no network: reconcile IDS_FILE and the state")
     run.add_argument("-q", "--quiet", action="store_true",
                      help="print only what a person must act on: an exit code but 0, or ids newly unavailable")
@@ -4085,6 +4088,24 @@ def demo_config(cfg: Config) -> tuple:
     request = dataclasses.replace(cfg.request, url=url)
     return server, dataclasses.replace(cfg, request=request, tries=3, backoff=0.2, max_backoff=2.0, cooldown=2.0,
                                        timeout=5.0)
+
+
+def dry_run(cfg: Config, err, out) -> ExitCode:
+    """--dry-run: what a run would ask, with nothing sent and nothing written."""
+    everyone = read_ids(cfg.ids_file)[0]
+    ids, _, unique, redact = read_input(cfg, err)
+    check_local_settings(cfg, ids, redact)
+    state = load_state(cfg.state_dir, repair=False, undone=unique) if cfg.state_dir.is_dir() else State(undone=unique)
+    left = [i for i in ids if i in state.undone]
+    unavailable = sum(1 for i in left if i in state.unavailable and not cfg.retry_unavailable)
+    failed = sum(1 for i in left if i in state.failed and i not in state.unavailable)
+    shard = f" (shard {cfg.shard[0]}/{cfg.shard[1]} of {len(everyone)})" if cfg.shard else ""
+    print(f"redrive: dry run, nothing sent: {len(ids)} ids{shard}: {len(ids) - len(left)} done, {unavailable} "
+          f"unavailable, {failed} failed earlier, {len(left) - unavailable - failed} new", file=out)
+    for item_id in [i for i in left if i not in state.unavailable or cfg.retry_unavailable][:5]:
+        shown = "(the demo's server)" if cfg.request.demo else redact(redact_url(build_url(cfg.request.url, item_id)))
+        print(shown_text(f"  {cfg.request.method} {shown}"), file=out)
+    return ExitCode.OK
 
 
 def check_report_path(cfg: Config) -> None:
@@ -4373,6 +4394,8 @@ def main(argv=None, *, fx: Effects = Effects(), err=None, out=None, environ=None
             return int(check(args.ids_file, state_dir, args.quiet, SafeStream(out or sys.stdout)))
         cfg = config_from_args(args, environ, read_run_record(default_state_dir(args)))
         secrets = cfg.secrets
+        if args.dry_run:
+            return int(dry_run(cfg, err, SafeStream(out or sys.stdout)))
         if cfg.request.demo:
             server, cfg = demo_config(cfg)
         return int(run(cfg, fx, err))

@@ -1428,6 +1428,27 @@ def test_the_readmes_options_table_names_every_option_and_no_other():
     assert documented == options - {"--help"}
 
 
+def test_dry_run_sends_nothing_writes_nothing_and_says_what_a_run_would_ask(server, tmp_path):
+    server.replies["gone"] = [404]
+    crawl(server, tmp_path, ["a", "gone"])
+    before = {p.name: p.read_bytes() for p in (tmp_path / "ids.redrive").iterdir()}
+    server.hits.clear()
+    ids = ["a", "gone", *[f"n{k}" for k in range(7)]]
+    out = io.StringIO()
+    code = redrive.main([str(write_ids(tmp_path, ids)), "--dry-run", "--url", server.template + "?api_key=" + SECRET],
+                        fx=FakeTime().effects(), err=io.StringIO(), out=out, environ={})
+    text = out.getvalue()
+    assert code == ExitCode.OK and sum(server.hits.values()) == 0
+    assert "9 ids: 1 done, 1 unavailable, 0 failed earlier, 7 new" in text
+    assert text.count("  GET ") == 5 and "/items/n0?api_key=REDACTED" in text and SECRET not in text
+    assert {p.name: p.read_bytes() for p in (tmp_path / "ids.redrive").iterdir()} == before
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    code = redrive.main([str(write_ids(fresh, ids)), "--dry-run", "--url", server.template, "--shard", "1/2"],
+                        fx=FakeTime().effects(), err=io.StringIO(), out=out, environ={})
+    assert code == ExitCode.OK and "(shard 1/2 of 9)" in out.getvalue() and not (fresh / "ids.redrive").exists()
+
+
 def test_a_mistyped_option_gets_the_closest_one_suggested(tmp_path):
     code, err, _ = run_cli([write_ids(tmp_path, ["a"]), "--concurency", "8"])
     assert code == ExitCode.USAGE and "did you mean --concurrency?" in err and err.count("\n") == 1
