@@ -412,6 +412,7 @@ class Config:
     shard: Optional[tuple] = None  #: (K, N): only ids whose hash falls in shard K of N
     max_bytes: int = 50 * 1024 * 1024
     quiet: bool = False
+    verbose: bool = False  #: -v: a line for each request
     fsync: bool = False
     report: Optional[Path] = None
     allow_config_change: bool = False
@@ -3048,20 +3049,31 @@ class Settler:
 
     def finish(self, item: Item, outcome: Outcome) -> None:
         """One outcome of an id in flight: the host, then the guard or the id, then the timeline."""
-        item.turned_away = False
+        item.turned_away, sent = False, item.sent
         if self.observe(item, outcome):  # it never reached the host, or the host throttled it: no try spent
             item.turned_away = outcome.throttle  # one id in trouble must not be the host's only probe
             wait = outcome.retry_after if outcome.throttle and outcome.retry_after else 0.0
             self.schedule(item, self.fx.clock() + wait)  # its own wait, whether or not the host pauses
+            decision = f"the host's {'throttle' if outcome.throttle else 'trouble'}: again, no try spent"
         elif self.guard.open:
+            decision = "held until the first answers show the set-up is right"
             for held, out in self.guard.offer(item, outcome, misconfiguration_sign(outcome, self.cfg)):
                 self.settle(held, out)
             if self.guard.tripped and not self.tally.misconfigured:
                 self.tally.misconfigured = {"sign": self.guard.sign, "id": item.id, "answers": self.guard.size}
                 self.tally.stopping(Stop.MISCONFIGURED, self.fx.clock(), self.cfg)
         else:
-            self.settle(item, outcome)
+            decision = self.settle(item, outcome)
+        if self.cfg.verbose:
+            self.say(self.request_line(item.id, sent, outcome, decision))
         self.timeline.settled(item, self.fx.clock())
+
+    def request_line(self, item_id: str, sent: float, out: Outcome, decision: str) -> str:
+        """-v: one line a request: the time, the id, the answer, how long and how big, what was decided."""
+        size = len(out.body.encode("utf-8")) if out.body else 0
+        answer = str(out.status) if out.status is not None and out.bucket is Bucket.OK else out.error
+        return (f"redrive: {iso(self.fx.wallclock())[11:23]} {self.books.redact(shown_id(item_id))!r} {answer} "
+                f"{(self.fx.clock() - sent) * 1000:.0f} ms {size} B: {decision}")
 
     def release_held(self) -> bool:
         """The run ends before the guard decided: the answers it held are real
@@ -3141,8 +3153,8 @@ class Settler:
     def _probe_wait(self, probe: int) -> float:
         return backoff_delay(probe, self.cfg.backoff, self.cfg.max_backoff, self.fx.rand)
 
-    def settle(self, item: Item, out: Outcome) -> None:
-        """Apply what one attempt means for its id (see next_step)."""
+    def settle(self, item: Item, out: Outcome) -> str:
+        """Apply what one attempt means for its id (see next_step); say what, in a word or three."""
         item.tries += 1
         step = next_step(out, item.tries, item.pass_no, self.cfg, bool(self.tally.stop), self.fx.rand)
         if step.move is Move.DONE:
@@ -3160,6 +3172,7 @@ class Settler:
                 self.schedule(Item(item.id, item.pass_no + 1, timed_out=item.timed_out), self.fx.clock() + step.wait)
         elif step.move is Move.UNAVAILABLE:
             self.books.unavailable(item, step.outcome)
+        return f"retry in {duration(step.wait)}" if step.move is Move.RETRY else step.move.value
 
 
 class Timekeeper:
@@ -4031,6 +4044,8 @@ def add_run_options(run) -> None:
     run.add_argument("--check", action="store_true", help="no network: reconcile IDS_FILE and the state")
     run.add_argument("-q", "--quiet", action="store_true",
                      help="print only what a person must act on: an exit code but 0, or ids newly unavailable")
+    run.add_argument("-v", "--verbose", action="store_true",
+                     help="a line for each request: time, id, answer, ms, bytes, what was decided")
     run.add_argument("--version", action="version", version=f"redrive {__version__}")
 
 
@@ -4069,7 +4084,7 @@ def config_from_args(args, environ, record: Optional[dict]) -> Config:
         backoff=args.backoff, max_backoff=args.max_backoff, cooldown=args.cooldown,
         rate=args.rate, per_host=args.per_host, shard=args.shard,
         fatal=fatal, retry=retry, skip=skip, max_bytes=args.max_bytes,
-        retry_unavailable=args.retry_unavailable, max_time=args.max_time, quiet=args.quiet,
+        retry_unavailable=args.retry_unavailable, max_time=args.max_time, quiet=args.quiet, verbose=args.verbose,
         fsync=args.fsync, report=args.report, allow_config_change=args.allow_config_change,
         retry_unsafe=args.retry_unsafe, guard=not args.no_guard,
         secrets=tuple(v for _, v, _ in headers) + tuple(env_values(f"{url_spec} {args.data}", environ)) +

@@ -1449,6 +1449,19 @@ def test_dry_run_sends_nothing_writes_nothing_and_says_what_a_run_would_ask(serv
     assert code == ExitCode.OK and "(shard 1/2 of 9)" in out.getvalue() and not (fresh / "ids.redrive").exists()
 
 
+def test_verbose_says_a_line_for_each_request_with_what_was_decided_and_no_secret(server, tmp_path):
+    server.replies.update({"slow": [500, 200], "gone": [404]})
+    code, err, _ = crawl(server, tmp_path, ["a", "slow", "gone"], "-v", "-H", "X-Key: ${KEY}",
+                         environ={"KEY": SECRET})
+    assert code == ExitCode.OK and SECRET not in err
+    lines = [line for line in err.splitlines() if re.match(r"redrive: \d\d:\d\d:\d\d\.\d{3} '", line)]
+    assert len(lines) == sum(server.hits.values()) == 4
+    said = {line.split("'")[1]: line for line in lines if "'a'" in line or "'gone'" in line}
+    assert said["a"].endswith(": done") and " 200 " in said["a"] and re.search(r" \d+ B: done$", said["a"])
+    assert said["gone"].endswith(": unavailable") and "404 Not Found" in said["gone"]
+    assert any("'slow' 500 Internal Server Error" in line and ": retry in " in line for line in lines)
+
+
 def test_a_mistyped_option_gets_the_closest_one_suggested(tmp_path):
     code, err, _ = run_cli([write_ids(tmp_path, ["a"]), "--concurency", "8"])
     assert code == ExitCode.USAGE and "did you mean --concurrency?" in err and err.count("\n") == 1
