@@ -72,6 +72,7 @@ from __future__ import annotations
 import argparse
 import base64
 import codecs
+import csv
 import dataclasses
 import difflib
 import email.utils
@@ -3818,7 +3819,75 @@ def records_of(path: Path, block: bytes, first: int) -> Iterable[dict]:
         yield checked_record(path, number, line)
 
 
-# ------------------------------------------------------------------- demo
+# ------------------------------------------------------------------ export
+
+
+def export(args, state_dir: Path, out) -> ExitCode:
+    """--export: the latest result of every done id, in input order (the
+    last line of an id wins), read from the state dir: no request, no lock."""
+    if args.export == "files" and args.out is None:
+        raise RedriveError("--export files needs --out DIR, the folder to write one file per id into")
+    ids = [i for i in read_ids(args.ids_file)[0] if args.shard is None or in_shard(i, args.shard)]
+    done = set(read_done(state_dir, done_in_order) or ())
+    offsets, path = {}, state_dir / "results.jsonl"
+    with open(path if path.is_file() else os.devnull, "rb") as fh:
+        for offset, line in iter_lines(fh):
+            offsets[checked_record(path, 0, line)["id"]] = offset  # the last line of an id wins
+        fields = [f for f in (args.fields or "id,status,fetched_at").split(",") if f]
+        writer = csv.writer(out, lineterminator="\n") if args.export == "csv" else None
+        if writer:
+            writer.writerow(fields)
+        for item_id in (i for i in ids if i in done and i in offsets):
+            fh.seek(offsets[item_id])
+            line = fh.readline()
+            if args.export == "jsonl":
+                out.write(line.decode("utf-8"))
+            elif writer:
+                writer.writerow([cell(json.loads(line), name) for name in fields])
+            else:
+                write_body(args.out, item_id, json.loads(line))
+    return ExitCode.OK
+
+
+def iter_lines(fh) -> Iterable[tuple]:
+    """(offset, line) of each whole line of a file opened in binary."""
+    offset = 0
+    for line in fh:
+        if line.endswith(b"\n"):
+            yield offset, line
+        offset += len(line)
+
+
+def cell(record: dict, path: str) -> str:
+    """A CSV cell: the value at a dotted path of a result ('body.items.0.name'); JSON when not a scalar."""
+    value = record
+    for step in path.split("."):
+        if isinstance(value, dict):
+            value = value.get(step)
+        elif isinstance(value, list) and step.isdigit() and int(step) < len(value):
+            value = value[int(step)]
+        else:
+            value = None
+    if value is None or isinstance(value, str):
+        return value or ""
+    return json.dumps(value, ensure_ascii=False) if isinstance(value, (dict, list)) else str(value)
+
+
+def write_body(folder: Path, item_id: str, record: dict) -> None:
+    """--export files: the body of one result in a file named after its id, percent-encoded."""
+    folder.mkdir(parents=True, exist_ok=True)
+    body = record.get("body")
+    if record.get("body_encoding") == "base64":
+        data = base64.b64decode(body)
+    elif isinstance(body, str):
+        data = body.encode("utf-8")
+    else:
+        data = json.dumps(body, ensure_ascii=False).encode("utf-8")
+    name = quote(item_id, safe="")
+    (folder / (name.replace(".", "%2E") if not name.strip(".") else name)).write_bytes(data)  # '.' names no file
+
+
+# -------------------------------------------------------------------- demo
 
 
 class DemoHandler(http.server.BaseHTTPRequestHandler):
@@ -4041,6 +4110,11 @@ def add_run_options(run) -> None:
     run.add_argument("--dry-run", action="store_true",
                      help="send nothing, write nothing: say how many ids are done, unavailable and new, and show "
                           "the first five requests, secrets redacted")
+    run.add_argument("--export", choices=("jsonl", "csv", "files"),
+                     help="no network, no lock: the latest result of each done id, in input order, to stdout "
+                          "(jsonl, csv) or to --out DIR (files)")
+    run.add_argument("--fields", metavar="LIST", help="--export csv: the columns, dotted paths (id,body.name)")
+    run.add_argument("--out", type=Path, metavar="DIR", help="--export files: one file per id, in DIR")
     run.add_argument("--check", action="store_true", help="no network: reconcile IDS_FILE and the state")
     run.add_argument("-q", "--quiet", action="store_true",
                      help="print only what a person must act on: an exit code but 0, or ids newly unavailable")
@@ -4407,6 +4481,8 @@ def main(argv=None, *, fx: Effects = Effects(), err=None, out=None, environ=None
             refuse_foreign_files(state_dir)
         if args.check:
             return int(check(args.ids_file, state_dir, args.quiet, SafeStream(out or sys.stdout)))
+        if args.export:
+            return int(export(args, state_dir, SafeStream(out or sys.stdout)))
         cfg = config_from_args(args, environ, read_run_record(default_state_dir(args)))
         secrets = cfg.secrets
         if args.dry_run:

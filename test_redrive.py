@@ -1462,6 +1462,35 @@ def test_verbose_says_a_line_for_each_request_with_what_was_decided_and_no_secre
     assert any("'slow' 500 Internal Server Error" in line and ": retry in " in line for line in lines)
 
 
+def test_export_gives_the_latest_result_of_every_done_id_in_input_order(server, tmp_path):
+    server.replies.update({"b": [(200, b'{"name":"B","tags":["x","y"]}', {"Content-Type": "application/json"})],
+                           "gone": [404], "bin": [(200, b"\xff\x00", {"Content-Type": "application/octet-stream"})]})
+    crawl(server, tmp_path, ["gone", "bin", "b", "a"])
+    results = tmp_path / "ids.redrive" / "results.jsonl"
+    first_a = next(line for line in results.read_text().splitlines() if '"id":"a"' in line)
+    with open(results, "a") as fh:  # a later result of a: the last line of an id wins
+        fh.write(first_a.replace('"body":{"id":"a"}', '"body":{"id":"a","v":2}') + "\n")
+    ids = write_ids(tmp_path, ["a", "gone", "b", "bin", "never"])  # the input order, not the order fetched
+    sent = sum(server.hits.values())
+    out = io.StringIO()
+    assert redrive.main([str(ids), "--export", "jsonl"], out=out, err=io.StringIO(), environ={}) == 0
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [r["id"] for r in lines] == ["a", "b", "bin"] and lines[0]["body"] == {"id": "a", "v": 2}
+    out = io.StringIO()
+    assert redrive.main([str(ids), "--export", "csv", "--fields", "id,body.name,body.tags.1,body.tags"], out=out,
+                        err=io.StringIO(), environ={}) == 0
+    assert out.getvalue().splitlines() == ["id,body.name,body.tags.1,body.tags", "a,,,", "b,B,y,\"[\"\"x\"\", \"\"y\"\"]\"",
+                                           "bin,,,"]
+    folder = tmp_path / "bodies"
+    assert redrive.main([str(ids), "--export", "files", "--out", str(folder)], err=io.StringIO(), environ={}) == 0
+    assert json.loads((folder / "b").read_text()) == {"name": "B", "tags": ["x", "y"]}
+    assert (folder / "bin").read_bytes() == b"\xff\x00" and sorted(p.name for p in folder.iterdir()) == ["a", "b", "bin"]
+    assert sum(server.hits.values()) == sent  # no request
+    err = io.StringIO()
+    assert redrive.main([str(ids), "--export", "files"], err=err, environ={}) == ExitCode.USAGE
+    assert "--out" in err.getvalue() and err.getvalue().count("\n") == 1
+
+
 def test_a_mistyped_option_gets_the_closest_one_suggested(tmp_path):
     code, err, _ = run_cli([write_ids(tmp_path, ["a"]), "--concurency", "8"])
     assert code == ExitCode.USAGE and "did you mean --concurrency?" in err and err.count("\n") == 1
