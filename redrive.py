@@ -74,13 +74,13 @@ import base64
 import codecs
 import csv
 import dataclasses
-import difflib
 import email.utils
 import functools
 import hashlib
 import heapq
 import http
 import http.server
+import importlib.util
 import itertools
 import json
 import math
@@ -217,11 +217,9 @@ MAX_RETRY_AFTER = 86400.0
 MIN_WAIT = 0.001
 MAX_WAIT = 1.0
 
-#: The interpreter's thread switch interval during a run (CPython's default
-#: is 5 ms). A paced request goes out when its worker gets the interpreter,
-#: up to a switch interval after its slot, and a limit with no slack refuses
-#: two requests that jitter brought closer than its rate. It costs some CPU per
-#: request, so it starts with --rate, or once a host is paced.
+#: The interpreter's thread switch interval once requests are paced (CPython's
+#: is 5 ms): a paced request leaves up to a switch interval late, and a limit
+#: with no slack refuses two that jitter brought closer than its rate.
 SWITCH_INTERVAL = 0.001
 
 #: The reason a TLS handshake or certificate check failed: no retry will fix it.
@@ -715,10 +713,8 @@ class Declared:
 
 
 #: The header families a quota is declared in, as (remaining, reset, limit,
-#: bucket) names; the first family an answer carries is read. Reset values
-#: are seconds left, an epoch time (told apart by size), a duration ("6m0s",
-#: "12ms") or an RFC 3339 time. RateLimit / RateLimit-Policy structured
-#: fields (IETF draft -08 on) are read by structured_quota.
+#: bucket) names; an answer's first family is read (structured RateLimit
+#: fields: see structured_quota). For reset values, see reset_seconds.
 QUOTA_FAMILIES = (
     ("x-ratelimit-remaining-requests", "x-ratelimit-reset-requests", "x-ratelimit-limit-requests", None),  # OpenAI
     ("anthropic-ratelimit-requests-remaining", "anthropic-ratelimit-requests-reset",
@@ -1539,11 +1535,9 @@ def check_local_settings(cfg: Config, ids: list, redact: Redactor) -> None:
             raise RedriveError(f"the proxy {shown!r} (from the *_proxy environment) is not a proxy URL; "
                                "fix it, or unset it", ExitCode.FATAL)
         if parsed.scheme.startswith("socks"):
-            try:
-                import socks  # noqa: F401 (PySocks: what requests needs for a socks proxy)
-            except ImportError:
+            if importlib.util.find_spec("socks") is None:  # PySocks: what requests needs for a socks proxy
                 raise RedriveError(f"the proxy {shown!r} is a socks proxy, and PySocks is not installed: "
-                                   "pip install 'requests[socks]', or unset it", ExitCode.FATAL) from None
+                                   "pip install 'requests[socks]', or unset it", ExitCode.FATAL)
 
 
 def expand_env(text: str, environ, where: str) -> str:
