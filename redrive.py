@@ -3083,7 +3083,8 @@ class Settler:
     def observe(self, item: Item, out: Outcome) -> bool:
         """What an outcome says about its host: doing fine, slow down, or down.
         True when the attempt does not count against the id: it never reached
-        the API's one host, so it says nothing about the id."""
+        the API's one host, or that host went silent, or refused it as the
+        host's throttle: it says nothing about the id."""
         host, now = self.timeline.hosts[item.host], self.fx.clock()
         if out.unreached and self.timeline.fixed_host:
             self._unreachable(host, out, now)
