@@ -4480,10 +4480,10 @@ def main(argv=None, *, fx: Effects = Effects(), err=None, out=None, environ=None
             return int(export(args, state_dir, SafeStream(out or sys.stdout)))
         cfg = config_from_args(args, environ, read_run_record(default_state_dir(args)))
         secrets = cfg.secrets
-        if args.dry_run:
-            return int(dry_run(cfg, err, SafeStream(out or sys.stdout)))
         if cfg.request.demo:
             server, cfg = demo_config(cfg)
+        if args.dry_run:
+            return int(dry_run(cfg, err, SafeStream(out or sys.stdout)))
         return int(run(cfg, fx, err))
     except RedriveError as exc:
         print(shown_text(f"redrive: error: {exc}"), file=err)

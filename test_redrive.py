@@ -1447,6 +1447,13 @@ def test_dry_run_sends_nothing_writes_nothing_and_says_what_a_run_would_ask(serv
     code = redrive.main([str(write_ids(fresh, ids)), "--dry-run", "--url", server.template, "--shard", "1/2"],
                         fx=FakeTime().effects(), err=io.StringIO(), out=out, environ={})
     assert code == ExitCode.OK and "(shard 1/2 of 9)" in out.getvalue() and not (fresh / "ids.redrive").exists()
+    demo = tmp_path / "demo"
+    demo.mkdir()
+    ids = write_ids(demo, ["x1", "x2"])
+    redrive.main([str(ids), "--demo", "--max-time", "0.001"], fx=FakeTime().effects(), err=io.StringIO(), environ={})
+    out = io.StringIO()  # a bare dry run over the demo's state dir: the demo, as run.json keeps it
+    assert redrive.main([str(ids), "--dry-run"], err=io.StringIO(), out=out, environ={}) == ExitCode.OK
+    assert re.search(r"2 ids: \d done", out.getvalue()) and "(the demo's server)" in out.getvalue()
 
 
 def test_verbose_says_a_line_for_each_request_with_what_was_decided_and_no_secret(server, tmp_path):
