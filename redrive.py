@@ -2041,6 +2041,10 @@ def run_record_problem(record) -> Optional[str]:
             return f"bad {key!r}"
     if "verdicts_since" in record and not _when(record["verdicts_since"]):
         return "bad 'verdicts_since'"
+    shard = record.get("shard")
+    if shard is not None and not (isinstance(shard, list) and len(shard) == 2 and all(_whole(x) for x in shard)
+                                  and 1 <= shard[0] <= shard[1]):
+        return "bad 'shard'"
     headers = record.get("headers", [])
     if not isinstance(headers, list) or not all(
             isinstance(h, dict) and isinstance(h.get("name"), str) and (h.get("value") is None or
@@ -2084,11 +2088,14 @@ def settle_run_record(cfg: Config, record: Optional[dict], anything_done: bool, 
     new = {"shape": shape, "hash": shape_hash(shape),
            "headers": [{"name": n, "value": spec} for n, spec in cfg.request.header_specs],
            "created": record.get("created") if record else iso(now), "redrive": __version__}
+    if cfg.shard:
+        new["shard"] = list(cfg.shard)
     if since:
         new["verdicts_since"] = since
     if changes:
         new["previous_hash"] = record.get("hash")
-    if record is None or any(record.get(k) != new.get(k) for k in ("shape", "hash", "headers", "verdicts_since")):
+    if record is None or any(record.get(k) != new.get(k) for k in ("shape", "hash", "headers", "verdicts_since",
+                                                                    "shard")):
         write_atomically(cfg.state_dir / "run.json", json.dumps(new, indent=2) + "\n")
     if not changes:
         return ("warning: run.json's verdicts_since was in the future (a clock ahead?); taken as now" if ahead
@@ -3692,10 +3699,14 @@ def stop_lines(tally: Tally, cfg: Config, redact: Redactor) -> list:
 # -------------------------------------------------------------------- check
 
 
-def check(ids_file: Path, state_dir: Path, quiet: bool, out) -> ExitCode:
-    """--check: reconcile IDS_FILE with the state dir. No network, no writes:
-    absence is only visible against the full expected set, so here it is."""
+def check(ids_file: Path, state_dir: Path, quiet: bool, out, shard: Optional[tuple] = None) -> ExitCode:
+    """--check: reconcile IDS_FILE (the shard's ids, for a shard) with the state
+    dir. No network, no writes: absence is only visible against the full
+    expected set, so here it is."""
     ids, duplicates, undone = read_ids(ids_file)
+    if shard:
+        ids = [i for i in ids if in_shard(i, shard)]
+        undone = set(ids)
     total, keyed = len(ids), keyed_ids_warning(ids)
     del ids  # undone has them all: one list less at the peak
     torn = [name for name in STATE_FILES if has_torn_tail(state_dir / name)]
@@ -3704,7 +3715,8 @@ def check(ids_file: Path, state_dir: Path, quiet: bool, out) -> ExitCode:
     problems = {"done ids without a result line": no_result, "result lines without a done line": no_done,
                 "torn last lines": torn}
     counts = state_counts(total, state)
-    lines = [f"redrive check: {ids_file} ({total} ids) against {state_dir}"]
+    of = f", shard {shard[0]}/{shard[1]}" if shard else ""
+    lines = [f"redrive check: {ids_file} ({total} ids{of}) against {state_dir}"]
     if keyed:
         lines.append(f"  warning: {keyed}")
     lines += [f"  {label:<13}{counts[label]:>7}" for label in ("done", "unavailable", "failed", "pending")]
@@ -4003,9 +4015,38 @@ byte_count = bounded("a number of bytes", 1, 2 ** 33, whole=True)
 
 def shard_spec(text: str) -> tuple:
     k, slash, n = text.partition("/")
+    if k == "auto" and (not slash or n.isdigit() and 1 <= int(n) <= 1_000_000):
+        return "auto", int(n) if slash else None
     if slash and k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n) <= 1_000_000:
         return int(k), int(n)
-    raise argparse.ArgumentTypeError(f"give K/N with 1 <= K <= N, such as 2/3, not {text!r}")
+    raise argparse.ArgumentTypeError(f"give K/N with 1 <= K <= N, such as 2/3, or auto/N; not {text!r}")
+
+
+#: The job engines whose worker index --shard auto reads: (its variable, the variable of its first index,
+#: or None when it counts from 0).
+SHARD_ENGINES = (("JOB_COMPLETION_INDEX", None), ("AWS_BATCH_JOB_ARRAY_INDEX", None),
+                 ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_MIN"))
+
+
+def resolve_shard(spec: Optional[tuple], environ) -> Optional[tuple]:
+    """--shard auto/N as (K, N), K from the job engine's index (Kubernetes and
+    AWS Batch count from 0, Slurm from SLURM_ARRAY_TASK_MIN); N may come
+    from SLURM_ARRAY_TASK_COUNT."""
+    if not spec or spec[0] != "auto":
+        return spec
+    names = " ".join(name for name, _ in SHARD_ENGINES)
+    for name, first in SHARD_ENGINES:
+        index = environ.get(name, "")
+        if index.isdigit():
+            low = environ.get(first, "0") if first else "0"
+            k = int(index) - int(low if low.isdigit() else 0) + 1
+            n = spec[1] or (int(environ["SLURM_ARRAY_TASK_COUNT"]) if environ.get("SLURM_ARRAY_TASK_COUNT", "").isdigit()
+                            else 0)
+            if not 1 <= k <= n:
+                raise RedriveError(f"--shard auto: {name}={index} gives shard {k}, outside 1 to {n or 'N'}; give "
+                                   "--shard auto/N with N the number of workers")
+            return k, n
+    raise RedriveError(f"--shard auto: none of {names} is set (the job engine's worker index); give --shard K/N")
 
 
 def status_codes(text: str) -> frozenset:
@@ -4091,7 +4132,8 @@ def add_run_options(run) -> None:
     run.add_argument("--skip", type=status_codes, metavar="CODES", help="statuses settled at once (400,404,410)")
     run.add_argument("--rate", type=positive_rate, metavar="R", help="at most R requests per second, evenly")
     run.add_argument("--per-host", type=thread_count, metavar="N", help="at most N requests in flight per host")
-    run.add_argument("--shard", type=shard_spec, metavar="K/N", help="only the ids of shard K of N (1/3, 2/3, 3/3)")
+    run.add_argument("--shard", type=shard_spec, metavar="K/N",
+                     help="only the ids of shard K of N (1/3, 2/3, 3/3); auto/N: K from the job engine's index")
     run.add_argument("--max-bytes", type=byte_count, default=50 * 1024 * 1024, metavar="N",
                      help="skip a body larger than N bytes (50 MiB)")
     run.add_argument("--retry-unavailable", action="store_true", help="bring unavailable ids back, for one run")
@@ -4124,7 +4166,22 @@ def default_state_dir(args) -> Path:
         return args.state_dir
     if str(args.ids_file.absolute()).startswith(("/dev/", "/proc/")):
         raise RedriveError(f"{args.ids_file}: no state dir can go beside it; give --state-dir DIR")
-    return args.ids_file.with_name(args.ids_file.stem + ".redrive")
+    plain = args.ids_file.with_name(args.ids_file.stem + ".redrive")
+    if not args.shard:
+        return plain
+    own = args.ids_file.with_name(f"{args.ids_file.stem}.shard-{args.shard[0]}-of-{args.shard[1]}.redrive")
+    # two shards on one machine never share a state dir; one an older redrive kept beside the ids is kept
+    kept = shard_of(plain) if plain.is_dir() and not own.is_dir() else False
+    return plain if kept is None or kept == args.shard else own
+
+
+def shard_of(state_dir: Path):
+    """The shard run.json keeps (None: none recorded; False: no run.json that says)."""
+    try:
+        shard = json.loads((state_dir / "run.json").read_text(encoding="utf-8")).get("shard")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return tuple(shard) if isinstance(shard, list) else None
 
 
 def config_from_args(args, environ, record: Optional[dict]) -> Config:
@@ -4132,7 +4189,8 @@ def config_from_args(args, environ, record: Optional[dict]) -> Config:
     A rerun takes every request option it does not name from run.json."""
     if record is not None:
         given = frozenset(name for name in REQUEST_OPTIONS if getattr(args, name))
-        args = argparse.Namespace(**{**vars(args), **recorded_request(record, given)})
+        args = argparse.Namespace(**{**vars(args), **recorded_request(record, given),
+                                     "shard": recorded_shard(args.shard, record, default_state_dir(args))})
     if args.demo and args.url:
         raise RedriveError("--demo brings its own server; leave out --url")
     method = args.method or "GET"
@@ -4158,6 +4216,17 @@ def config_from_args(args, environ, record: Optional[dict]) -> Config:
         retry_unsafe=args.retry_unsafe, guard=not args.no_guard,
         secrets=tuple(v for _, v, _ in headers) + tuple(env_values(f"{url_spec} {args.data}", environ)) +
         netrc_secrets())
+
+
+def recorded_shard(given: Optional[tuple], record: dict, state_dir: Path) -> Optional[tuple]:
+    """The shard of a run over this state dir: the one run.json keeps, unless
+    none is given. Another one, once ids are done, would mix two shards."""
+    kept = tuple(record["shard"]) if record.get("shard") else None
+    if given and kept and given != kept and (state_dir / "done.txt").is_file() and \
+            (state_dir / "done.txt").stat().st_size:
+        raise RedriveError(f"{state_dir} holds shard {kept[0]}/{kept[1]}, and ids are done in it; --shard "
+                           f"{given[0]}/{given[1]} would mix two shards: give its own --state-dir")
+    return given or kept
 
 
 def demo_config(cfg: Config) -> tuple:
@@ -4471,11 +4540,13 @@ def main(argv=None, *, fx: Effects = Effects(), err=None, out=None, environ=None
             args = build_parser().parse_args(argv)
         except SystemExit as exc:  # --help and --version
             return int(exc.code or 0)
+        args.shard = resolve_shard(args.shard, environ)
         state_dir = default_state_dir(args)
         if state_dir.is_dir():
             refuse_foreign_files(state_dir)
         if args.check:
-            return int(check(args.ids_file, state_dir, args.quiet, SafeStream(out or sys.stdout)))
+            shard = args.shard or (shard_of(state_dir) if state_dir.is_dir() else None) or None
+            return int(check(args.ids_file, state_dir, args.quiet, SafeStream(out or sys.stdout), shard))
         if args.export:
             return int(export(args, state_dir, SafeStream(out or sys.stdout)))
         cfg = config_from_args(args, environ, read_run_record(default_state_dir(args)))

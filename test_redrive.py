@@ -2880,6 +2880,54 @@ def test_shards_split_the_ids_with_no_overlap(server, tmp_path):
     assert max(server.hits.values()) == 1
 
 
+def test_a_shards_state_dir_remembers_its_shard_and_refuses_another(server, tmp_path):
+    ids = [f"s{n}" for n in range(60)]
+    ids_file, sdir = write_ids(tmp_path, ids), tmp_path / "one"
+    mine = {i for i in ids if redrive.in_shard(i, (1, 3))}
+    code, _, _ = run_cli([ids_file, "--url", server.template, "--shard", "1/3", "--state-dir", sdir, "--max-time",
+                          "0.001"], fake=FastForward())
+    code, err, _ = run_cli([ids_file, "--state-dir", sdir])  # a plain rerun: its shard, from run.json
+    assert code == ExitCode.OK, err
+    assert set(server.hits) == mine and set((sdir / "done.txt").read_text().split()) == mine
+    code, err, _ = run_cli([ids_file, "--state-dir", sdir, "--shard", "2/3"])
+    assert code == ExitCode.USAGE and "shard 1/3" in err and err.count("\n") == 1
+    out = io.StringIO()  # --check knows the shard: a complete shard is settled
+    assert redrive.main([str(ids_file), "--check", "--state-dir", str(sdir)], out=out, environ={}) == ExitCode.OK
+    assert f"({len(mine)} ids, shard 1/3)" in out.getvalue()
+
+
+def test_shards_started_without_a_state_dir_each_get_their_own(server, tmp_path):
+    ids = [f"s{n}" for n in range(30)]
+    ids_file = write_ids(tmp_path, ids)
+    for k in (1, 2):
+        code, err, _ = run_cli([ids_file, "--url", server.template, "--shard", f"{k}/2"])
+        assert code == ExitCode.OK, err
+    dirs = sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".redrive"))
+    assert dirs == ["ids.shard-1-of-2.redrive", "ids.shard-2-of-2.redrive"]
+    assert max(server.hits.values()) == 1 and len(server.hits) == 30
+
+
+@pytest.mark.parametrize("env, spec, shard", [
+    ({"JOB_COMPLETION_INDEX": "0"}, "auto/3", (1, 3)),  # Kubernetes counts from 0
+    ({"AWS_BATCH_JOB_ARRAY_INDEX": "2"}, "auto/3", (3, 3)),
+    ({"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_MIN": "4", "SLURM_ARRAY_TASK_COUNT": "3"}, "auto", (2, 3)),
+])
+def test_shard_auto_reads_the_job_engines_index(server, tmp_path, env, spec, shard):
+    ids = [f"s{n}" for n in range(30)]
+    out = io.StringIO()
+    code = redrive.main([str(write_ids(tmp_path, ids)), "--url", server.template, "--shard", spec, "--dry-run"],
+                        err=io.StringIO(), out=out, environ=env)
+    mine = sum(1 for i in ids if redrive.in_shard(i, shard))
+    assert code == ExitCode.OK and f"{mine} ids (shard {shard[0]}/{shard[1]} of 30)" in out.getvalue()
+
+
+@pytest.mark.parametrize("env, said", [({}, "JOB_COMPLETION_INDEX AWS_BATCH_JOB_ARRAY_INDEX SLURM_ARRAY_TASK_ID"),
+                                       ({"JOB_COMPLETION_INDEX": "7"}, "outside 1 to 3")])
+def test_shard_auto_without_an_engine_index_is_one_line_and_exit_2(tmp_path, env, said):
+    code, err, _ = run_cli([write_ids(tmp_path, ["a"]), "--shard", "auto/3"], environ=env)
+    assert code == ExitCode.USAGE and said in err and err.count("\n") == 1
+
+
 def test_proxy_settings_from_the_environment_are_honoured(server, tmp_path, monkeypatch):
     proxy, thread = start_server()
     try:
