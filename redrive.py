@@ -404,7 +404,7 @@ class Config:
     fatal: frozenset = FATAL_STATUSES
     retry: frozenset = RETRY_STATUSES
     skip: frozenset = SKIP_STATUSES
-    retry_unavailable: bool = False
+    retry_unavailable: Optional[frozenset] = None  #: what --retry-unavailable brings back (see wants_again)
     max_time: Optional[float] = None
     rate: Optional[float] = None  #: at most this many requests per second, over all workers
     per_host: Optional[int] = None  #: at most this many requests in flight per host
@@ -2125,6 +2125,23 @@ def write_atomically(path: Path, text: str) -> None:
         raise RedriveError(f"{path}: cannot write ({exc.strerror}); check the state dir") from None
 
 
+def compact(path: Path) -> None:
+    """A ledger down to one line per id, its last (the one that counts), in
+    their order, replaced whole: a kill at any moment leaves the old file or
+    the new one, and either tells every id's last state."""
+    if not path.is_file():
+        return
+    lines = {}
+    with open(path, "rb") as fh:
+        for line in fh:
+            if line.endswith(b"\n"):
+                item_id = json.loads(line)["id"]
+                lines.pop(item_id, None)
+                lines[item_id] = line
+    if sum(len(line) for line in lines.values()) < path.stat().st_size:
+        write_atomically(path, b"".join(lines.values()).decode("utf-8"))
+
+
 def recorded_request(record: dict, given: frozenset = frozenset()) -> dict:
     """The request options a rerun takes from run.json: each one it does not
     name (given: the ones it names). A secret redrive did not store is asked
@@ -3394,7 +3411,7 @@ def plan(ids: list, state: State, cfg: Config, batch: Batch, ledger: Ledger, fx:
     settler.counts["done"] = len(ids) - len(rest)
     ahead = False
     for item_id in rest:
-        if item_id in state.unavailable and not cfg.retry_unavailable:
+        if item_id in state.unavailable and not wants_again(state.unavailable[item_id], cfg.retry_unavailable):
             settler.counts["unavailable"] += 1
             continue
         last = latest_failure(state, item_id)
@@ -4049,6 +4066,37 @@ def resolve_shard(spec: Optional[tuple], environ) -> Optional[tuple]:
     raise RedriveError(f"--shard auto: none of {names} is set (the job engine's worker index); give --shard K/N")
 
 
+#: The classes --retry-unavailable names besides statuses: a failure's cause, as failed.jsonl writes it.
+RETRY_CLASSES = {cause.value.replace(" ", "-"): cause for cause in Cause}
+
+
+def retry_classes(text: str) -> frozenset:
+    """'500,503,5xx,timeout' -> the selectors wants_again matches: statuses, ('xx', N) and causes; or 'all'."""
+    chosen = set()
+    for word in (w.strip().lower() for w in text.split(",")):
+        if word == "all":
+            chosen.add("all")
+        elif word.isdigit() and 100 <= int(word) <= 599:
+            chosen.add(int(word))
+        elif len(word) == 3 and word[0] in "12345" and word[1:] == "xx":
+            chosen.add(("xx", int(word[0])))
+        elif word in RETRY_CLASSES:
+            chosen.add(RETRY_CLASSES[word])
+        else:
+            raise argparse.ArgumentTypeError(f"{word!r} is no class: give statuses (500,503), 5xx, all, or causes "
+                                             f"({' '.join(RETRY_CLASSES)}); IDS_FILE goes before the option")
+    return frozenset(chosen)
+
+
+def wants_again(record: dict, chosen: Optional[frozenset]) -> bool:
+    """Is an unavailable id's record one that --retry-unavailable brings back?"""
+    if not chosen:
+        return False
+    status = record.get("status")
+    return "all" in chosen or status in chosen or (status is not None and ("xx", status // 100) in chosen) or \
+        record_cause(record) in chosen
+
+
 def status_codes(text: str) -> frozenset:
     try:
         return parse_codes(text)
@@ -4136,7 +4184,9 @@ def add_run_options(run) -> None:
                      help="only the ids of shard K of N (1/3, 2/3, 3/3); auto/N: K from the job engine's index")
     run.add_argument("--max-bytes", type=byte_count, default=50 * 1024 * 1024, metavar="N",
                      help="skip a body larger than N bytes (50 MiB)")
-    run.add_argument("--retry-unavailable", action="store_true", help="bring unavailable ids back, for one run")
+    run.add_argument("--retry-unavailable", nargs="?", const="all", type=retry_classes, metavar="CLASSES",
+                     help="bring unavailable ids back, for one run: all, or those of CLASSES "
+                          "(500,503 5xx 404 timeout throttled unreached transport bad-body too-large)")
     run.add_argument("--max-time", type=bounded("a number of seconds", 0, 31 * DAY, above=True), metavar="S",
                      help="start no request after S s, exit 1")
     run.add_argument("--report", type=Path, metavar="FILE", help="write report.json to FILE too")
@@ -4250,12 +4300,14 @@ def dry_run(cfg: Config, err, out) -> ExitCode:
     check_local_settings(cfg, ids, redact)
     state = load_state(cfg.state_dir, repair=False, undone=unique) if cfg.state_dir.is_dir() else State(undone=unique)
     left = [i for i in ids if i in state.undone]
-    unavailable = sum(1 for i in left if i in state.unavailable and not cfg.retry_unavailable)
+    unavailable = sum(1 for i in left if i in state.unavailable and not wants_again(state.unavailable[i],
+                                                                                    cfg.retry_unavailable))
     failed = sum(1 for i in left if i in state.failed and i not in state.unavailable)
     shard = f" (shard {cfg.shard[0]}/{cfg.shard[1]} of {len(everyone)})" if cfg.shard else ""
     print(f"redrive: dry run, nothing sent: {len(ids)} ids{shard}: {len(ids) - len(left)} done, {unavailable} "
           f"unavailable, {failed} failed earlier, {len(left) - unavailable - failed} new", file=out)
-    for item_id in [i for i in left if i not in state.unavailable or cfg.retry_unavailable][:5]:
+    for item_id in [i for i in left if i not in state.unavailable or
+                    wants_again(state.unavailable[i], cfg.retry_unavailable)][:5]:
         shown = "(the demo's server)" if cfg.request.demo else redact(redact_url(build_url(cfg.request.url, item_id)))
         print(shown_text(f"  {cfg.request.method} {shown}"), file=out)
     return ExitCode.OK
@@ -4360,6 +4412,7 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
             rest, tally = run_passes(cfg, fx, err, ids, state, ledger, fresh, redact)
         finally:
             ledger.close()
+        compact(cfg.state_dir / "unavailable.jsonl")  # failed.jsonl keeps its line per (id, pass): the passes' story
         report = build_report(len(ids), rest, duplicates, state, tally, cfg, fx.clock() - started, redact,
                               fx.wallclock())
         return finish(report, tally, cfg, redact, err)

@@ -1022,6 +1022,25 @@ def test_retry_unavailable_brings_ids_back_for_one_run(server, tmp_path):
     assert server.hits["g"] == 2 and state(tmp_path, "done.txt") == ["g"]
 
 
+def test_retry_unavailable_with_classes_asks_again_only_those_and_keeps_one_line_per_id(server, tmp_path):
+    gone, broken = [f"g{n}" for n in range(20)], ["e500", "e503", "slow"]
+    server.replies.update({item: [404] for item in gone})
+    server.replies.update({"e500": [500, 500, 200], "e503": [503, 503, 200], "slow": [("sleep", 0.5, 200)] * 2 + [200]})
+    ids = gone + broken
+    code, _, _ = crawl(server, tmp_path, ids, "--tries", "1", "--passes", "1", "--timeout", "0.2", "--no-guard")
+    assert code == ExitCode.OK and len(state(tmp_path, "unavailable.jsonl")) == 23
+    server.hits.clear()
+    code, err, _ = crawl(server, tmp_path, ids, "--retry-unavailable", "5xx,timeout", "--tries", "1", "--passes", "1")
+    assert code == ExitCode.OK, err
+    assert set(server.hits) == set(broken)  # the 404s are not paid for again
+    records = state(tmp_path, "unavailable.jsonl")
+    assert len(records) == len({r["id"] for r in records}) == 23  # one line per id, the last one
+    code, err, _ = crawl(server, tmp_path, ids, "--retry-unavailable", "500")
+    assert code == ExitCode.OK and "e500" in state(tmp_path, "done.txt") and server.hits["g0"] == 0
+    code, err, _ = crawl(server, tmp_path, ids, "--retry-unavailable", "5xz")
+    assert code == ExitCode.USAGE and "'5xz' is no class" in err and err.count("\n") == 1
+
+
 def test_failed_id_resumes_at_the_pass_it_reached(server, tmp_path):
     server.replies["f"] = [500]
     fake = FakeTime()
