@@ -51,6 +51,8 @@ Scenarios (all by default):
                  declared quota (GitHub's headers, 403 past it), 800 ids
   no-limit-throttles  10,000 ids on a server with no limit, 4% answering 429 +
                  Retry-After: 1 once and 1% 503 twice, against the same ids clean
+  shards-parallel  docs/across-machines.md's GNU parallel line on this machine:
+                 3,000 ids in three shards, then --cover; skipped without parallel
 
 --old REDRIVE_PY runs every scenario chosen with that redrive.py too, right
 after this one's, so that the old code and the new are measured in one run.
@@ -1280,6 +1282,38 @@ def shards_on_one_key(folder, count, opt):
           ])
 
 
+def shards_parallel(folder, count, opt):
+    """docs/across-machines.md's GNU parallel line, run on this machine (--sshlogin :): three shards against
+    one local server, then --cover over their state dirs."""
+    if shutil.which("parallel") is None:
+        print("\nshards-parallel: skipped, GNU parallel is not installed (apt install parallel)")
+        return
+    n = count or 3000
+    proc, base = start_server(opt.latency)
+    try:
+        ids = write_ids(folder, n)
+        line = (f"cd {folder} && {sys.executable} {REDRIVE[0]} ids.txt --shard {{}}/3 -q --url '{base}/items/{{id}}' "
+                f"--concurrency {opt.concurrency} --state-dir state-{{}}; c=$?; "
+                "[ $c -eq 3 ] && { echo 'shard {}/3: key refused' >&2; exit 0; }; exit $c")
+        started = time.monotonic()
+        done = subprocess.run(["parallel", "--will-cite", "--sshlogin", ":", "--joblog", str(folder / "jobs.log"),
+                               "--resume-failed", line, ":::", "1", "2", "3"], capture_output=True, text=True)
+        wall = time.monotonic() - started
+        stats = server_stats(base)
+    finally:
+        proc.terminate()
+    covered = subprocess.run([sys.executable, str(REDRIVE[0]), str(ids), "--cover",
+                              *(str(folder / f"state-{k}") for k in (1, 2, 3))], capture_output=True, text=True)
+    sent = sum(stats["hits"].values())
+    table(f"shards-parallel: {n} ids in three shards by GNU parallel on this machine, {opt.latency * 1000:g} ms "
+          f"latency, concurrency {opt.concurrency} each", [
+              ("parallel's exit", f"{done.returncode}"),
+              ("wall", f"{wall:.1f} s against {n * opt.latency / (3 * opt.concurrency):.2f} s of work"),
+              ("requests", f"{sent} for {n} ids, {max(stats['hits'].values())} at most for one id"),
+              ("--cover", f"exit {covered.returncode}: {covered.stdout.strip().splitlines()[-1]}"),
+          ])
+
+
 def no_limit_throttles(folder, count, opt):
     """One-id throttles on a host with no limit: 4% of ids answer 429 + Retry-After: 1 once, 1% answer 503
     twice, against the same ids clean, in the same minutes."""
@@ -1312,11 +1346,12 @@ SCENARIOS = {"clean": clean, "flaky": flaky, "rate-limited": rate_limited, "lone
              "resume": resume, "fsync": fsync, "stop": stop, "nginx": nginx,
              "fixed-window": fixed_window, "token-bucket": token_bucket, "limit-and-lone": limit_and_lone,
              "limit-change": limit_change, "chaos": chaos, "declared": declared,
-             "shards-on-one-key": shards_on_one_key, "no-limit-throttles": no_limit_throttles}
+             "shards-on-one-key": shards_on_one_key, "no-limit-throttles": no_limit_throttles,
+             "shards-parallel": shards_parallel}
 COUNTS = {"clean": 10_000, "flaky": 10_000, "rate-limited": 3_000, "lone-429": 10_000, "resume": 1_000_000, "fsync": 5_000,
           "stop": 1_000_000, "nginx": 0,
           "fixed-window": 0, "token-bucket": 0, "limit-and-lone": 0, "limit-change": 4_500, "chaos": 10_000,
-          "declared": 0, "shards-on-one-key": 0, "no-limit-throttles": 10_000}
+          "declared": 0, "shards-on-one-key": 0, "no-limit-throttles": 10_000, "shards-parallel": 3_000}
 
 
 def main(argv=None):

@@ -3795,6 +3795,45 @@ def unpaired(path: Path, results: set, undone: set, strangers: set) -> tuple:
     return sorted(no_result), sorted(no_done)
 
 
+def cover(ids_file: Path, state_dirs: list, out) -> ExitCode:
+    """--cover: do the state dirs of all N shards together settle the list?
+    Each dir's run.json names its shard; no shard may be missing or twice,
+    and no id done in two dirs. No network, no writes; exit 0 when covered."""
+    ids = read_ids(ids_file)[0]
+    shards, done_in, problems = {}, {}, []
+    for state_dir in state_dirs:
+        shard = shard_of(state_dir) if state_dir.is_dir() else False
+        if not shard:
+            raise RedriveError(f"{state_dir}: no shard's state dir (its run.json names no --shard); give the state "
+                               "dirs of the shards")
+        if shard in shards:
+            problems.append(f"shard {shard[0]}/{shard[1]} twice: {shards[shard]} and {state_dir}")
+        shards[shard] = state_dir
+        for item_id in read_done(state_dir, done_in_order) or ():
+            if item_id in done_in:
+                problems.append(f"{shown_id(item_id)!r} done in {done_in[item_id]} and in {state_dir}")
+            done_in[item_id] = state_dir
+    n = max(s[1] for s in shards)
+    missing_shards = [f"{k}/{n}" for k in range(1, n + 1) if (k, n) not in shards]
+    if any(s[1] != n for s in shards):
+        problems.append("the dirs are of shards of different N: " + ", ".join(f"{k}/{m}" for k, m in shards))
+    unsettled = []
+    for (k, m), state_dir in shards.items():
+        mine = {i for i in ids if in_shard(i, (k, m))}
+        state = load_state(state_dir, repair=False, undone=mine)
+        unsettled += [i for i in ids if i in state.undone and i not in state.unavailable]
+    lines = [f"redrive cover: {ids_file} ({len(ids)} ids) against {len(shards)} of {n} shards"]
+    lines += [f"  shards missing: {', '.join(missing_shards)}"] if missing_shards else []
+    lines += [f"  {problem}" for problem in problems[:20]]
+    if unsettled:
+        shown = ", ".join(shown_id(i) for i in unsettled[:10])
+        lines.append(f"  {len(unsettled)} ids not settled yet: {shown}{', ...' if len(unsettled) > 10 else ''}")
+    covered = not (missing_shards or problems or unsettled)
+    lines.append("every id is settled in its shard, and in no other" if covered else "the shards do not cover the list")
+    print("\n".join(map(shown_text, lines)), file=out)
+    return ExitCode.OK if covered else ExitCode.INCOMPLETE
+
+
 def state_counts(total: int, state: State) -> Counter:
     """How many input ids are done, unavailable, failed and pending (in that
     order of precedence), from the small records and the size of undone (the
@@ -4202,6 +4241,9 @@ def add_run_options(run) -> None:
                           "(jsonl, csv) or to --out DIR (files)")
     run.add_argument("--fields", metavar="LIST", help="--export csv: the columns, dotted paths (id,body.name)")
     run.add_argument("--out", type=Path, metavar="DIR", help="--export files: one file per id, in DIR")
+    run.add_argument("--cover", nargs="+", type=Path, metavar="STATE_DIR",
+                     help="no network, no writes: do these shards' state dirs together settle IDS_FILE, each id in "
+                          "one shard? exit 0 when they do")
     run.add_argument("--check", action="store_true", help="no network: reconcile IDS_FILE and the state")
     run.add_argument("-q", "--quiet", action="store_true",
                      help="print only what a person must act on: an exit code but 0, or ids newly unavailable")
@@ -4602,6 +4644,8 @@ def main(argv=None, *, fx: Effects = Effects(), err=None, out=None, environ=None
             return int(check(args.ids_file, state_dir, args.quiet, SafeStream(out or sys.stdout), shard))
         if args.export:
             return int(export(args, state_dir, SafeStream(out or sys.stdout)))
+        if args.cover:
+            return int(cover(args.ids_file, args.cover, SafeStream(out or sys.stdout)))
         cfg = config_from_args(args, environ, read_run_record(default_state_dir(args)))
         secrets = cfg.secrets
         if cfg.request.demo:

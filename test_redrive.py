@@ -2947,6 +2947,38 @@ def test_shard_auto_without_an_engine_index_is_one_line_and_exit_2(tmp_path, env
     assert code == ExitCode.USAGE and said in err and err.count("\n") == 1
 
 
+def test_shards_run_by_a_job_engine_are_disjoint_resume_in_their_own_dir_and_cover_the_list(server, tmp_path):
+    ids = [f"j{n}" for n in range(90)]
+    server.replies.update({item: [("sleep", 0.03, 200)] for item in ids})
+    ids_file = write_ids(tmp_path, ids)
+    volumes = [tmp_path / f"volume-{index}" for index in range(3)]  # an Indexed Job: a volume for each index
+
+    def worker(index):
+        env = {**os.environ, "JOB_COMPLETION_INDEX": str(index)}  # Kubernetes counts from 0
+        cmd = redrive_cmd(ids_file, "--url", server.template, "--shard", "auto/3", "--state-dir", volumes[index],
+                          "--concurrency", "1")
+        return subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
+
+    procs = [worker(index) for index in range(3)]
+    wait_for_lines(volumes[1] / "done.txt", 3, procs[1])
+    procs[1].kill()  # a worker replaced mid-run: its volume stays
+    procs[1].wait()
+    assert [p.wait(timeout=60) for p in (procs[0], procs[2])] == [0, 0]
+    out = io.StringIO()
+    assert redrive.main([str(ids_file), "--cover", *map(str, volumes)], out=out, environ={}) == ExitCode.INCOMPLETE
+    assert "ids not settled yet" in out.getvalue()
+    assert worker(1).wait(timeout=60) == 0  # the replacement resumes in the same volume
+    out = io.StringIO()
+    assert redrive.main([str(ids_file), "--cover", *map(str, volumes)], out=out, environ={}) == ExitCode.OK
+    done = [set((v / "done.txt").read_text().split()) for v in volumes]
+    assert set().union(*done) == set(ids) and sum(map(len, done)) == 90  # disjoint, and together the list
+    assert max(server.hits.values()) <= 2  # at most the one in flight when the worker was killed, asked again
+    out = io.StringIO()
+    assert redrive.main([str(ids_file), "--cover", str(volumes[0]), str(volumes[2])], out=out,
+                        environ={}) == ExitCode.INCOMPLETE
+    assert "shards missing: 2/3" in out.getvalue()
+
+
 def test_proxy_settings_from_the_environment_are_honoured(server, tmp_path, monkeypatch):
     proxy, thread = start_server()
     try:
