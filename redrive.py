@@ -996,10 +996,15 @@ def _redact_userinfo(match) -> str:
     return f"//{user}:REDACTED@" if colon else "//REDACTED@"
 
 
+def key_like(name: str) -> bool:
+    """Is a query parameter's name a secret's, as the server reads it (percent-decoded)?"""
+    return SECRET_NAME.search(unquote_plus(name)) is not None
+
+
 def _redact_pair(pair: str) -> str:
-    """name=REDACTED for a key-like name as the server reads it: percent-decoded."""
+    """name=REDACTED for a key-like name."""
     name, eq, value = pair.partition("=")
-    if eq and SECRET_NAME.search(unquote_plus(name)) and not ENV_REF.fullmatch(value):
+    if eq and key_like(name) and not ENV_REF.fullmatch(value):
         return f"{name}=REDACTED"
     return pair
 
@@ -4454,7 +4459,8 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
             rest, tally = run_passes(cfg, fx, err, ids, state, ledger, fresh, redact)
         finally:
             ledger.close()
-        compact(cfg.state_dir / "unavailable.jsonl")  # failed.jsonl keeps its line per (id, pass): the passes' story
+        if state.fresh:  # only a run that settled ids can have written a second line for one
+            compact(cfg.state_dir / "unavailable.jsonl")  # failed.jsonl keeps its line per (id, pass)
         report = build_report(len(ids), rest, duplicates, state, tally, cfg, fx.clock() - started, redact,
                               fx.wallclock())
         return finish(report, tally, cfg, redact, err)
@@ -4614,8 +4620,8 @@ def secret_query_values(url: str) -> list:
         query = urlsplit(url).query
     except ValueError:
         query = url.partition("?")[2]  # not a URL that parses: the check of --url says so, without a secret
-    pairs = (p.partition("=") for p in QUERY_SEPARATOR.split(query))
-    values = [unquote_plus(value) for name, eq, value in pairs if eq and SECRET_NAME.search(unquote_plus(name))]
+    pairs = (p.partition("=") for p in QUERY_SEPARATOR.split(query)[::2])  # the pairs, not their separators
+    values = [form for name, eq, value in pairs if eq and key_like(name) for form in (value, unquote_plus(value))]
     userinfo = USERINFO.search(url)
     if userinfo:  # a token as userinfo, or the password of user:password
         user, colon, password = userinfo.group(1).partition(":")
