@@ -140,7 +140,7 @@ SKIP_STATUSES = frozenset({400, 404, 410})
 BODILESS_STATUSES = frozenset({204, 205})
 
 #: Query parameter names whose values are secrets and are shown redacted.
-SECRET_NAME = re.compile(r"key|token|secret|sig|pass|pwd|^pw$|auth|credential|session|jwt|bearer|private", re.I)
+SECRET_NAME = re.compile(r"key|token|secret|sig|pass|pwd|\bpw\b|auth|credential|session|jwt|bearer|private", re.I)
 
 #: A header value run.json may keep, to re-read on a rerun: a ${VAR}
 #: reference, alone or after an auth scheme word, whose literal text holds
