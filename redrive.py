@@ -931,7 +931,7 @@ def keyed_ids_warning(ids: list) -> Optional[str]:
     keyed = sum(1 for item_id in ids if "?" in item_id and KEY_PARAM.search(item_id))
     if not keyed:
         return None
-    return (f"{keyed} id{'s' if keyed != 1 else ''} carry a key-like query parameter: the state files keep ids "
+    return (f"{keyed} {'ids carry' if keyed != 1 else 'id carries'} a key-like query parameter: the state files keep ids "
             "as given, key included (outputs show it as REDACTED); to keep a key out of every file, "
             "send it with -H or --url as ${VAR}")
 
