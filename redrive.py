@@ -38,16 +38,22 @@ after its Retry-After (--rate and --per-host cap it all; --shard K/N splits
 the ids over machines).
 
 State, in STATE_DIR (default: IDS_FILE without extension + ".redrive"),
-the four ledgers append-only, one record per line, flushed as written:
+the ledgers append-only, one record per line, flushed as written:
   results.jsonl      one line per success: id, url, status, fetched_at, body
+                     (the last line of an id wins)
   done.txt           one id per line, written after its result line
   failed.jsonl       one line per failed (id, pass): bucket, status, error, tries
   unavailable.jsonl  one line per settled failure: reason, action
+  refreshed.jsonl    one line per id a refresh asked: unchanged, changed, gone, kept
   run.json           the request's shape (never a secret): drift is refused
   report.json        the last run: counts, and every unresolved id with its action
   lock               held by the running process
 Rerun the same command after Ctrl+C, a kill or a reboot to resume; plain
 `python3 redrive.py IDS_FILE` reuses the request recorded in run.json.
+A done id is not asked again, unless --refresh (all) or --refresh-older-than
+DURATION asks it with the ETag and Last-Modified its result was stored
+with: a 304, or the same body, keeps the result; a new body is a new result
+line; a 404 or 410 makes it unavailable; a refresh that fails keeps it.
 
 When every id goes to one host and it stops answering (refused, no such
 name, connect timeout), redrive probes it with backoff, spends no tries, and
@@ -242,10 +248,21 @@ NOT_PROCESSED_STATUSES = frozenset({429, 503})
 #: Requests in a row that never reach the API's host (refused, name not
 #: found, connect timeout) before redrive takes the host as down.
 DOWN_AFTER = 5
-STATE_FILES = ("results.jsonl", "done.txt", "failed.jsonl", "unavailable.jsonl")
+STATE_FILES = ("results.jsonl", "done.txt", "failed.jsonl", "unavailable.jsonl", "refreshed.jsonl")
 
 #: Every file redrive keeps in a state dir (refuse_foreign_files).
 OWN_FILES = (*STATE_FILES, "run.json", "report.json", "lock", "crash.log")
+
+#: A refresh's answers that say the id is gone upstream: it leaves done for unavailable.
+GONE_STATUSES = frozenset({404, 410})
+
+#: How a refresh settled an id (refreshed.jsonl's "result"): a 304 or the same body,
+#: a new body (a new result line), gone upstream, or the old result kept (the
+#: refresh failed).
+REFRESH_RESULTS = ("unchanged", "changed", "gone", "kept")
+
+#: An ETag or Last-Modified longer than this is not kept: redrive sends it back.
+MAX_VALIDATOR = 512
 
 #: Opening a state file never follows a symlink (where the OS can say so).
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -405,6 +422,7 @@ class Config:
     retry: frozenset = RETRY_STATUSES
     skip: frozenset = SKIP_STATUSES
     retry_unavailable: Optional[frozenset] = None  #: what --retry-unavailable brings back (see wants_again)
+    refresh: Optional[float] = None  #: re-ask done ids fetched this many seconds ago or more (0: --refresh, all)
     max_time: Optional[float] = None
     rate: Optional[float] = None  #: at most this many requests per second, over all workers
     per_host: Optional[int] = None  #: at most this many requests in flight per host
@@ -442,6 +460,25 @@ class Outcome:
     throttle: bool = False  #: a refusal that says "not now" (see Host): 429, 503, or a rate limit said
     said: bool = False  #: the answer says it is a rate limit (see rate_limit_sign): the host's, always
     quota: Optional[Declared] = None  #: the quota its headers declared, whatever its status
+    unchanged: bool = False  #: a 304 to a conditional request: the stored result stands
+    etag: Optional[str] = None  #: a success's validators, sent back by a refresh
+    last_modified: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Prior:
+    """What a refresh knows of a done id's stored result: the validators it
+    asks with, and a digest of the body, which tells a 200 that brings the
+    same body (a server that ignores validators) from a change."""
+
+    etag: Optional[str] = None
+    last_modified: Optional[str] = None
+    digest: Optional[bytes] = None
+
+    def headers(self) -> tuple:
+        """The conditional request's headers (RFC 9110 13.1)."""
+        return tuple((name, value) for name, value in (("If-None-Match", self.etag),
+                                                       ("If-Modified-Since", self.last_modified)) if value)
 
 
 @dataclass
@@ -456,6 +493,8 @@ class Item:
     refused: bool = False  #: its last answer was a refusal of its own: a new one is no fresh sign (see Host)
     turned_away: bool = False  #: refused by the host, or timed out: it goes behind the ids ready
     timed_out: bool = False  #: an attempt of it timed out before: a slow item, no sign of a host gone silent
+    prior: Optional[Prior] = None  #: a done id being refreshed: its stored result's validators
+    listed: bool = False  #: done.txt lists it already (a refresh, or an id gone upstream that came back)
 
 
 @dataclass(frozen=True)
@@ -1630,6 +1669,7 @@ class State:
     unavailable: dict = field(default_factory=dict)  #: id -> latest record
     repairs: list = field(default_factory=list)  #: warnings about what was mended
     fresh: set = field(default_factory=set)  #: ids this run moved to unavailable: news for a person
+    gone: set = field(default_factory=set)  #: ids done.txt lists that a refresh found removed upstream
 
 
 class Ledger:
@@ -1811,17 +1851,20 @@ FIELD_KINDS = {
     "cause": lambda v: v in CAUSES,
     "time": _when,
     "stamp": lambda v: isinstance(v, str) and ISO_TIME.fullmatch(v) is not None,
+    "refresh": lambda v: v in REFRESH_RESULTS,
     "seconds": lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e10),
 }
 
 #: The fields every line of a ledger must hold (name: kind), then those it may hold.
 RECORD_FIELDS = {
     "results.jsonl": ({"id": "text", "url": "text", "status": "code", "fetched_at": "text"},
-                      {"final_url": "text", "body_encoding": "text"}),
+                      {"final_url": "text", "body_encoding": "text", "etag": "text", "last_modified": "text"}),
     "failed.jsonl": ({"id": "text", "pass": "pass", "bucket": "bucket", "status": "status", "error": "text",
                       "tries": "count", "at": "time"}, {"retry_after": "seconds", "due": "time", "cause": "cause"}),
     "unavailable.jsonl": ({"id": "text", "reason": "text", "status": "status", "bucket": "bucket", "tries": "count",
                            "at": "stamp", "action": "text"}, {"cause": "cause"}),
+    "refreshed.jsonl": ({"id": "text", "at": "stamp", "result": "refresh", "status": "status"},
+                        {"reason": "text", "etag": "text", "last_modified": "text"}),
 }
 
 
@@ -1952,8 +1995,32 @@ def done_lines(path: Path) -> Iterable[list]:
             yield block[:cut].decode("utf-8").split("\n")[:-1]
 
 
+def take_back_gone(state: State, ids: list, state_dir: Path, before: Optional[str]) -> list:
+    """Done ids whose unavailable record is newer than their last result
+    were found removed upstream by a refresh: they go back among the ids not
+    done (state.undone; state.gone). Returns the refresh's (id, Prior) due
+    before `before` (none without a refresh). Only then, or when some done
+    id has an unavailable record, is results.jsonl read."""
+    done = [i for i in ids if i not in state.undone]
+    candidates = [i for i in done if i in state.unavailable]
+    wanted = set(done) if before else set(candidates)
+    heads = result_heads(state_dir / "results.jsonl", wanted) if wanted else {}
+    state.gone = gone_upstream(candidates, state.unavailable, heads)
+    state.undone |= state.gone
+    if not before:
+        return []
+    refreshed = latest_records(state_dir / "refreshed.jsonl")
+    return refresh_due([i for i in done if i not in state.gone], heads, refreshed, before)
+
+
+def listed_done(state_dir: Path, item_id: str) -> bool:
+    """Does done.txt list item_id? One pass over it."""
+    return bool(read_done(state_dir, lambda path: any(item_id in lines for lines in done_lines(path))))
+
+
 def complete_lost_done(state: State, ledger: Ledger) -> None:
-    """A kill between a result line and its done line: finish the pair."""
+    """A kill between a result line and its done line: finish the pair. (The
+    last result may be a refresh's, or of an id that came back: listed already.)"""
     tail = last_line(ledger.dir / "results.jsonl")
     if not tail:
         return
@@ -1965,7 +2032,10 @@ def complete_lost_done(state: State, ledger: Ledger) -> None:
         raise RedriveError(f"{ledger.dir / 'results.jsonl'}: last line is not a redrive record; move the file away")
     item_id = record["id"]
     done_tail = last_line(ledger.dir / "done.txt")
-    if done_tail is None or done_tail.decode("utf-8", "replace") != item_id:  # written in lockstep
+    unlisted = item_id in state.undone and item_id not in state.gone if state.undone is not None else \
+        item_id not in state.done
+    if (done_tail is None or done_tail.decode("utf-8", "replace") != item_id) and \
+            (unlisted or state.undone is not None and not listed_done(ledger.dir, item_id)):
         ledger.append("done.txt", item_id)
         state.done.add(item_id)
         if state.undone is not None:
@@ -2046,6 +2116,9 @@ def run_record_problem(record) -> Optional[str]:
             return f"bad {key!r}"
     if "verdicts_since" in record and not _when(record["verdicts_since"]):
         return "bad 'verdicts_since'"
+    refresh = record.get("refresh")
+    if refresh is not None and not (isinstance(refresh, dict) and _when(refresh.get("before"))):
+        return "bad 'refresh'"
     shard = record.get("shard")
     if shard is not None and not (isinstance(shard, list) and len(shard) == 2 and all(_whole(x) for x in shard)
                                   and 1 <= shard[0] <= shard[1]):
@@ -2070,10 +2143,12 @@ def shape_changes(old: dict, new: dict) -> list:
 TARGET_FIELDS = ("method", "url", "data")
 
 
-def settle_run_record(cfg: Config, record: Optional[dict], anything_done: bool, now: float) -> tuple:
+def settle_run_record(cfg: Config, record: Optional[dict], anything_done: bool, now: float,
+                      refresh: Optional[str] = None) -> tuple:
     """Refuse a changed request when done ids would mix two requests (unless
-    allowed), then record the current one. Returns (a note on a change
-    taken, or None; the time since which verdicts count, or None)."""
+    allowed), then record the current one, and the cut-off of a refresh under
+    way. Returns (a note on a change taken, or None; the time since which
+    verdicts count, or None)."""
     shape = request_shape(cfg.request)
     if record:  # as this version keeps it: a secret an older one kept verbatim is no change
         old = record["shape"]
@@ -2095,12 +2170,14 @@ def settle_run_record(cfg: Config, record: Optional[dict], anything_done: bool, 
            "created": record.get("created") if record else iso(now), "redrive": __version__}
     if cfg.shard:
         new["shard"] = list(cfg.shard)
+    if refresh:
+        new["refresh"] = {"before": refresh}
     if since:
         new["verdicts_since"] = since
     if changes:
         new["previous_hash"] = record.get("hash")
     if record is None or any(record.get(k) != new.get(k) for k in ("shape", "hash", "headers", "verdicts_since",
-                                                                    "shard")):
+                                                                    "shard", "refresh")):
         write_atomically(cfg.state_dir / "run.json", json.dumps(new, indent=2) + "\n")
     if not changes:
         return ("warning: run.json's verdicts_since was in the future (a clock ahead?); taken as now" if ahead
@@ -2110,11 +2187,101 @@ def settle_run_record(cfg: Config, record: Optional[dict], anything_done: bool, 
     return f"the request changed ({'; '.join(changes)}); {taken}the new one is taken{again}", since
 
 
+def refresh_cutoff(cfg: Config, record: Optional[dict], now: float) -> tuple:
+    """(the cut-off of this run's refresh, or None; a note, or None). Done ids
+    fetched before it are asked again. --refresh-older-than D: now - D.
+    --refresh: now, unless a refresh was cut short: run.json keeps its cut-off
+    until it is over, and a rerun, with --refresh or without, goes on with it."""
+    kept = ((record or {}).get("refresh") or {}).get("before")
+    if kept and (cfg.refresh is None or cfg.refresh == 0.0):
+        kept = min(kept, iso(now))  # a clock that was ahead
+        return kept, f"continuing the refresh that was cut short (ids fetched before {kept})"
+    return (None if cfg.refresh is None else iso(now - cfg.refresh)), None
+
+
+def end_refresh(state_dir: Path) -> None:
+    """The refresh is over: run.json forgets its cut-off."""
+    path = state_dir / "run.json"
+    record = json.loads(path.read_text(encoding="utf-8"))  # this run wrote it
+    if record.pop("refresh", None):
+        write_atomically(state_dir / "run.json", json.dumps(record, indent=2) + "\n")
+
+
 def forget_old_verdicts(state: State, since: Optional[str]) -> None:
     """Failures recorded before the request last changed its target count no more."""
     if since:
         state.unavailable = {k: r for k, r in state.unavailable.items() if r["at"] >= since}
         state.failed = {k: r for k, r in state.failed.items() if r["at"] >= since}
+
+
+def body_digest(body: Optional[str]) -> Optional[bytes]:
+    """A digest of a body's JSON text as results.jsonl stores it."""
+    return None if body is None else hashlib.blake2b(body.encode("utf-8"), digest_size=16).digest()
+
+
+#: The head of a result line as redrive writes it: its id without escapes, read before any JSON parse.
+RESULT_ID = re.compile(rb'\{"id":"([^"\\]*)",')
+
+
+def result_heads(path: Path, wanted: set) -> dict:
+    """id -> (fetched_at, Prior) from the last result line of each wanted id.
+    The body is never parsed: its fields come before it, and the digest is
+    taken of its text as written. A line of another shape is parsed whole,
+    and its body digest left out (a 200 to its refresh counts as changed)."""
+    heads = {}
+    try:
+        fh = open(path, "rb")
+    except FileNotFoundError:
+        return heads
+    with fh:
+        for number, line in enumerate(fh, 1):
+            if not line.endswith(b"\n"):
+                break  # a torn last line: repaired on start, ignored by --check
+            plain = RESULT_ID.match(line)
+            if plain and plain.group(1).decode("utf-8", "replace") not in wanted:
+                continue
+            cut, head = line.find(b',"body":'), None
+            if cut > 0 and line.endswith(b"}\n"):
+                try:
+                    head = json.loads(line[:cut] + b"}")
+                except (ValueError, RecursionError):
+                    pass
+            digest = body_digest(line[cut + 8:-2].decode("utf-8", "replace")) if head is not None else None
+            if head is None or record_problem("results.jsonl", head):
+                head = checked_record(path, number, line)
+            if head["id"] in wanted:
+                heads[head["id"]] = (head["fetched_at"], Prior(head.get("etag"), head.get("last_modified"), digest))
+    return heads
+
+
+def gone_upstream(candidates: Iterable, unavailable: dict, heads: dict) -> set:
+    """The done ids whose unavailable record is newer than their last result:
+    a refresh found them removed upstream (the later verdict wins)."""
+    return {i for i in candidates if unavailable[i]["at"] > heads.get(i, ("",))[0]}
+
+
+def latest_records(path: Path) -> dict:
+    """id -> the last record of a ledger."""
+    return {record["id"]: record for record in read_records(path)}
+
+
+def refresh_due(done: list, heads: dict, refreshed: dict, before: str) -> list:
+    """(id, Prior) of each done id neither fetched nor asked by a refresh
+    since `before`, in the order of `done`. A refresh's last answer that the
+    result was unchanged moves the fetch time on, and may bring new validators."""
+    due = []
+    for item_id in done:
+        if item_id not in heads:
+            continue  # a done line without a result: --check names it; nothing to refresh
+        fetched, prior = heads[item_id]
+        last = refreshed.get(item_id)
+        if last is not None and last["at"] > fetched:
+            fetched = last["at"]
+            if last["result"] == "unchanged" and (last.get("etag") or last.get("last_modified")):
+                prior = Prior(last.get("etag"), last.get("last_modified"), prior.digest)
+        if fetched < before:
+            due.append((item_id, prior))
+    return due
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -2130,10 +2297,10 @@ def write_atomically(path: Path, text: str) -> None:
         raise RedriveError(f"{path}: cannot write ({exc.strerror}); check the state dir") from None
 
 
-def compact(path: Path) -> None:
+def compact(path: Path, drop: frozenset = frozenset()) -> None:
     """A ledger down to one line per id, its last (the one that counts), in
-    their order, replaced whole: a kill at any moment leaves the old file or
-    the new one, and either tells every id's last state."""
+    their order, less the ids of drop, replaced whole: a kill at any moment
+    leaves the old file or the new one, and either tells every id's last state."""
     if not path.is_file():
         return
     lines = {}
@@ -2142,7 +2309,8 @@ def compact(path: Path) -> None:
             if line.endswith(b"\n"):
                 item_id = json.loads(line)["id"]
                 lines.pop(item_id, None)
-                lines[item_id] = line
+                if item_id not in drop:
+                    lines[item_id] = line
     if sum(len(line) for line in lines.values()) < path.stat().st_size:
         write_atomically(path, b"".join(lines.values()).decode("utf-8"))
 
@@ -2388,7 +2556,7 @@ class GuardedSession(requests.Session):
         self.verify = bundle or True
 
     def open(self, method: str, url: str, body: Optional[bytes], timeout: float, proxies: dict,
-             auth) -> requests.Response:
+             auth, extra: tuple = ()) -> requests.Response:
         """Send one request as Session.request would, for a fraction of its CPU.
 
         Session.request merges the session's settings into every request anew
@@ -2405,6 +2573,7 @@ class GuardedSession(requests.Session):
         prepared.prepare_method(method)
         prepared.prepare_url(url, None)
         prepared.headers = self.headers.copy()
+        prepared.headers.update(extra)  # a refresh's If-None-Match and If-Modified-Since
         prepared.prepare_cookies(self.cookies)
         prepared.prepare_body(body, None)
         if auth:
@@ -2487,19 +2656,21 @@ def make_session(cfg: Config, settings: HostSettings, watchdog: Watchdog) -> Gua
 
 
 def fetch(session: GuardedSession, item_id: str, cfg: Config, redact: Redactor,
-          now: Callable[[], float]) -> Outcome:
-    """One attempt. Every failure of the network, the server or the HTTP
-    libraries comes back as an Outcome; only a bug in redrive raises."""
+          now: Callable[[], float], prior: Optional[Prior] = None) -> Outcome:
+    """One attempt (a conditional one for a refresh: prior). Every failure of
+    the network, the server or the HTTP libraries comes back as an Outcome;
+    only a bug in redrive raises."""
     if makes_dot_segment(cfg.request.url, item_id):
         return Outcome(Bucket.SKIP, error=DOT_SEGMENT, cause=Cause.DOT_SEGMENT)
     url = build_url(cfg.request.url, item_id)
     body = None if cfg.request.data is None else build_body(cfg.request.data, item_id, cfg.request.json_data)
+    conditional = prior.headers() if prior else ()
     attempt = session.watchdog.begin(cfg.timeout)
     phase, chunked = Phase.REQUEST, False
     try:
         session.origin = origin_of(url)
         proxies, auth = session.environment(url, session.origin)  # parses the URL: a bad port raises here
-        with session.open(cfg.request.method, url, body, cfg.timeout, proxies, auth) as resp:
+        with session.open(cfg.request.method, url, body, cfg.timeout, proxies, auth, conditional) as resp:
             conn = getattr(resp.raw, "connection", None)  # before the body is read, which gives it back to the pool
             phase, chunked = Phase.BODY, bool(getattr(resp.raw, "chunked", False))
             bucket = classify_status(resp.status_code, cfg)
@@ -2522,7 +2693,7 @@ def fetch(session: GuardedSession, item_id: str, cfg: Config, redact: Redactor,
     if raw is None and bucket is Bucket.OK:
         outcome = Outcome(Bucket.SKIP, resp.status_code, f"body over {cfg.max_bytes} bytes", cause=Cause.TOO_LARGE)
     else:
-        outcome = interpret(resp, raw or b"", bucket, cfg, redact, now(), item_id)
+        outcome = interpret(resp, raw or b"", bucket, cfg, redact, now(), item_id, bool(conditional))
     if outcome.bucket is not Bucket.OK and conn is not None:
         # never reused after anything but a clean answer: a late second answer on it, or a request body the
         # server left unread, would be taken for the next request's answer (another id's)
@@ -2604,9 +2775,10 @@ def read_body(resp: requests.Response, max_bytes: int, deadline: float, decode: 
 
 
 def interpret(resp: requests.Response, raw: bytes, bucket: Bucket, cfg: Config, redact: Redactor,
-              now: float, item_id: str = "") -> Outcome:
-    """Turn a status and a body into an Outcome: a 2xx must carry a real body.
-    The quota the headers declare is kept, whatever the status."""
+              now: float, item_id: str = "", conditional: bool = False) -> Outcome:
+    """Turn a status and a body into an Outcome: a 2xx must carry a real body,
+    a 304 is "unchanged" only to a request that sent a validator. The quota
+    the headers declare is kept, whatever the status."""
     status = resp.status_code
     final = resp.url if resp.history else None
     quota = declared_quota(resp.headers, now)
@@ -2619,6 +2791,11 @@ def interpret(resp: requests.Response, raw: bytes, bucket: Bucket, cfg: Config, 
     if status == 403 and 403 not in cfg.skip and rate_limit_sign(raw, resp, wait, quota):
         return Outcome(Bucket.RETRYABLE, status, f"{status_reason(status)} (rate limited)", retry_after=wait,
                        cause=Cause.THROTTLED, throttle=True, said=True, quota=quota)
+    if status == 304 and bucket is Bucket.SKIP and 304 not in cfg.skip:  # unless --skip names it
+        if conditional:
+            return Outcome(Bucket.OK, status, final_url=final, quota=quota, unchanged=True,
+                           **validators(resp.headers))
+        return Outcome(Bucket.RETRYABLE, status, NO_VALIDATOR_304, quota=quota)  # a server bug: never done
     if bucket is not Bucket.OK:
         lost = " (a redirect without a Location)" if status in requests.sessions.REDIRECT_STATI and \
             "Location" not in resp.headers else ""
@@ -2627,7 +2804,7 @@ def interpret(resp: requests.Response, raw: bytes, bucket: Bucket, cfg: Config, 
     if not raw.strip():
         bodiless = status in BODILESS_STATUSES or cfg.request.method == "HEAD"
         if bodiless and not (cfg.request.wants_json or cfg.request.require):
-            return Outcome(Bucket.OK, status, body="null", final_url=final, quota=quota)
+            return Outcome(Bucket.OK, status, body="null", final_url=final, quota=quota, **validators(resp.headers))
         return Outcome(Bucket.RETRYABLE, status, "empty body", cause=Cause.BAD_BODY, quota=quota)
     text, exact = decode(raw, resp)
     if graphql_limited(text):
@@ -2638,8 +2815,23 @@ def interpret(resp: requests.Response, raw: bytes, bucket: Bucket, cfg: Config, 
         return Outcome(Bucket.RETRYABLE, status, problem, cause=Cause.BAD_BODY, quota=quota)
     if not exact:  # stored losslessly: the bytes, not a text with replacement characters
         return Outcome(Bucket.OK, status, body=f'"{base64.b64encode(raw).decode()}"', final_url=final,
-                       encoding="base64", quota=quota)
-    return Outcome(Bucket.OK, status, body=body, final_url=final, quota=quota)
+                       encoding="base64", quota=quota, **validators(resp.headers))
+    return Outcome(Bucket.OK, status, body=body, final_url=final, quota=quota, **validators(resp.headers))
+
+
+#: The reason of a 304 to a request that sent no validator: "not modified" since nothing.
+NO_VALIDATOR_304 = "304 Not Modified to a request that sent no validator (a server bug)"
+
+
+def validators(headers) -> dict:
+    """A success's ETag and Last-Modified, as a refresh sends them back: only
+    short, printable ones (anything else could not go out as a header)."""
+    kept = {}
+    for name, key in (("ETag", "etag"), ("Last-Modified", "last_modified")):
+        value = (headers.get(name) or "").strip()
+        if value and len(value) <= MAX_VALIDATOR and value.isascii() and value.isprintable():
+            kept[key] = value
+    return kept
 
 
 #: How a 403 or a GraphQL error says it is a rate limit (GitHub: "API rate
@@ -2775,6 +2967,8 @@ class Tally:
     crash: Optional[dict] = None  #: stop "crash": the id, the error, when, and its traceback
     misconfigured: Optional[dict] = None  #: stop "misconfigured": the sign, one id, how many answers
     quota: Optional[dict] = None  #: the tightest quota a host declared, at the run's end (see quota_view)
+    refresh: Counter = field(default_factory=Counter)  #: refreshed ids by result (see REFRESH_RESULTS)
+    kept: list = field(default_factory=list)  #: the refreshed.jsonl records of ids whose refresh failed
 
     def count(self, pass_no: int, what: str) -> None:
         self.per_pass.setdefault(pass_no, Counter())[what] += 1
@@ -2940,7 +3134,19 @@ class Books:
         self.counts = Counter()  #: done, unavailable, awaiting (a later pass): for the progress line
 
     def done(self, item: Item, out: Outcome) -> None:
-        """A success: its line in results.jsonl, then its id in done.txt."""
+        """A success: its line in results.jsonl, then its id in done.txt (unless
+        listed there already). A refresh's success goes to refreshed()."""
+        if item.prior is not None:
+            return self.refreshed(item, out)
+        if item.listed:  # an id gone upstream that came back: its done line is there already
+            self.ledger.append("results.jsonl", self.result_line(item, out))
+        else:
+            self.ledger.success(item.id, self.result_line(item, out))
+        self.state.done.add(item.id)
+        self.counts["done"] += 1
+        self.tally.count(item.pass_no, "done")
+
+    def result_line(self, item: Item, out: Outcome) -> str:
         url = build_url(self.cfg.request.url, item.id)
         record = {"id": item.id, "url": self.redact(redact_url(url)), "status": out.status,
                   "fetched_at": iso(self.wallclock())}
@@ -2948,11 +3154,32 @@ class Books:
             record["final_url"] = self.redact(redact_url(out.final_url))
         if out.encoding:
             record["body_encoding"] = out.encoding
+        for key in ("etag", "last_modified"):  # before the body: a refresh reads them without parsing it
+            if getattr(out, key):
+                record[key] = getattr(out, key)
         line = json.dumps(record, ensure_ascii=False, separators=(",", ":"))
-        self.ledger.success(item.id, f'{line[:-1]},"body":{out.body}}}')  # the body is JSON text already
-        self.state.done.add(item.id)
-        self.counts["done"] += 1
-        self.tally.count(item.pass_no, "done")
+        return f'{line[:-1]},"body":{out.body}}}'  # the body is JSON text already
+
+    def refreshed(self, item: Item, out: Outcome) -> None:
+        """A refresh answered: a 304, or a 200 with the body stored already,
+        leaves the result as it is and moves its fetch time on (one line in
+        refreshed.jsonl); a new body is a new result line (the last line of an
+        id wins) and then its refreshed line. Either is whole after a kill."""
+        same = out.unchanged or body_digest(out.body) == item.prior.digest
+        if not same:
+            self.ledger.append("results.jsonl", self.result_line(item, out))
+        record = {"id": item.id, "at": iso(self.wallclock()), "result": "unchanged" if same else "changed",
+                  "status": out.status}
+        if same:  # new validators for the same body: the next refresh sends these
+            record.update({k: getattr(out, k) for k in ("etag", "last_modified") if getattr(out, k)})
+        self.note_refresh(item, record)
+
+    def note_refresh(self, item: Item, record: dict) -> None:
+        self.ledger.record("refreshed.jsonl", record)
+        self.tally.refresh[record["result"]] += 1
+        self.counts["refreshed"] += 1
+        if record["result"] == "kept":
+            self.tally.kept.append(record)
 
     def failed(self, item: Item, step: Step) -> None:
         """A pass over for the id (FAIL or GIVE_UP): failed.jsonl, then, after its last pass, unavailable.jsonl."""
@@ -2971,12 +3198,23 @@ class Books:
             self.tally.count(item.pass_no, "failed")
 
     def unavailable(self, item: Item, out: Outcome) -> None:
-        """Confirmed unavailable: unavailable.jsonl, with its reason and the recommended action."""
-        record = unavailable_record(item.id, out.error, out.status, out.bucket, out.cause, item.tries,
+        """Confirmed unavailable: unavailable.jsonl, with its reason and the
+        recommended action. A refreshed id is so only when it is gone upstream
+        (404, 410); any other failure keeps its stored result."""
+        gone = item.prior is not None and out.status in GONE_STATUSES and out.bucket is Bucket.SKIP
+        if item.prior is not None and not gone:
+            record = {"id": item.id, "at": iso(self.wallclock()), "result": "kept", "status": out.status,
+                      "reason": out.error}
+            return self.note_refresh(item, record)
+        reason = f"removed upstream since its last fetch ({out.error})" if gone else out.error
+        record = unavailable_record(item.id, reason, out.status, out.bucket, out.cause, item.tries,
                                     self.wallclock(), self.cfg.passes)
-        give_up(record, self.ledger, self.state)
+        give_up(record, self.ledger, self.state)  # newer than its result: the id is done no more
         self.counts["unavailable"] += 1
         self.tally.count(item.pass_no, "unavailable")
+        if gone:
+            self.counts["done"] -= 1
+            self.note_refresh(item, {"id": item.id, "at": record["at"], "result": "gone", "status": out.status})
 
 
 @dataclass(frozen=True)
@@ -2993,6 +3231,7 @@ class Snapshot:
     waiting_until: Optional[float]  #: nothing in flight or ready: when the next id is due
     quota: Optional[dict] = None  #: the tightest declared quota (see quota_view)
     down: bool = False  #: the API's host is unreachable: its pause is a probe's, not a throttle's
+    refresh: Optional[tuple] = None  #: (settled, due): the done ids this run refreshes
 
 
 def beyond_reach(due: float, now: float, end_at: Optional[float], cfg: Config) -> bool:
@@ -3031,6 +3270,7 @@ class Settler:
         self.guard = Guard(0)  #: off until armed (see run_passes)
         self.last_due = 0.0  #: when the last id scheduled to wait is due (for the ETA)
         self.started_passes = set()
+        self.refresh_due = 0  #: done ids this run refreshes
 
     def take(self, now: float) -> Optional[Item]:
         """The next id that may start now (see Schedule.take), counted as started."""
@@ -3052,7 +3292,8 @@ class Settler:
         idle = not (timeline.inflight or timeline.active)
         return Snapshot(self.tally.requests, counts["done"], counts["unavailable"], counts["awaiting"],
                         self.last_due, max(self.started_passes, default=1), timeline.paused_until(self.fx.clock()),
-                        timeline.next_due() if idle else None, self.quota_view(), self.tally.down is not None)
+                        timeline.next_due() if idle else None, self.quota_view(), self.tally.down is not None,
+                        (counts["refreshed"], self.refresh_due) if self.refresh_due else None)
 
     def quota_view(self) -> Optional[dict]:
         """The tightest quota a host declared, as the status line and report.json show it."""
@@ -3194,7 +3435,8 @@ class Settler:
         elif step.move in (Move.FAIL, Move.GIVE_UP):
             self.books.failed(item, step)
             if step.move is Move.FAIL:
-                self.schedule(Item(item.id, item.pass_no + 1, timed_out=item.timed_out), self.fx.clock() + step.wait)
+                self.schedule(Item(item.id, item.pass_no + 1, timed_out=item.timed_out, prior=item.prior,
+                                   listed=item.listed), self.fx.clock() + step.wait)
         elif step.move is Move.UNAVAILABLE:
             self.books.unavailable(item, step.outcome)
         return f"retry in {duration(step.wait)}" if step.move is Move.RETRY else step.move.value
@@ -3373,7 +3615,7 @@ class Batch:
         while item is not None:
             fetched = False
             try:
-                outcome = fetch(session, item.id, self.cfg, self.redact, self.fx.wallclock)
+                outcome = fetch(session, item.id, self.cfg, self.redact, self.fx.wallclock, item.prior)
                 with self.lock:  # the ledger's lines go out in the order they are settled
                     fetched = True
                     item = self._finish(item, outcome)
@@ -3424,15 +3666,35 @@ def plan(ids: list, state: State, cfg: Config, batch: Batch, ledger: Ledger, fx:
             ahead = True
             settler.say("redrive: warning: failed.jsonl holds times in the future (a clock ahead?); they count as now")
         step = resume_step(last, cfg, wall) if last else None
+        listed = item_id in state.gone
         if step is None:
-            settler.schedule(Item(item_id), now)
+            settler.schedule(Item(item_id, listed=listed), now)
         elif step.move is Move.GIVE_UP:
             settle_exhausted(item_id, last, ledger, state, cfg, wall)
             settler.counts["unavailable"] += 1
         else:
-            settler.schedule(Item(item_id, last["pass"] + 1, timed_out=record_cause(last) is Cause.TIMEOUT),
-                             now + step.wait)
+            settler.schedule(Item(item_id, last["pass"] + 1, timed_out=record_cause(last) is Cause.TIMEOUT,
+                                  listed=listed), now + step.wait)
     return rest
+
+
+def plan_refresh(due: list, before: str, state: State, cfg: Config, batch: Batch, fx: Effects) -> None:
+    """Put each done id due for a refresh on the schedule, at the pass its
+    refresh reached (a failure since the cut-off is this refresh's)."""
+    now, wall, settler = fx.clock(), fx.wallclock(), batch.settler
+    settler.refresh_due = len(due)
+    for item_id, prior in due:
+        last = state.failed.get(item_id)
+        last = last if last and last["at"] >= before else None
+        step = resume_step(last, cfg, wall) if last else None
+        if step is None:
+            settler.schedule(Item(item_id, prior=prior, listed=True), now)
+        elif step.move is Move.GIVE_UP:  # its last pass failed just before a kill
+            settler.books.note_refresh(Item(item_id, prior=prior), {
+                "id": item_id, "at": iso(wall), "result": "kept", "status": last["status"], "reason": last["error"]})
+        else:
+            settler.schedule(Item(item_id, last["pass"] + 1, timed_out=record_cause(last) is Cause.TIMEOUT,
+                                  prior=prior, listed=True), now + step.wait)
 
 
 def settle_exhausted(item_id, last, ledger, state, cfg, wall) -> None:
@@ -3498,16 +3760,18 @@ class Progress:
 
     def render(self, snap: Snapshot, now: float) -> str:
         done, unavailable = snap.done, snap.unavailable
-        self.window.append((now, snap.requests, done + unavailable))
+        self.window.append((now, snap.requests, done + unavailable + (snap.refresh[0] if snap.refresh else 0)))
         recent = [w for w in self.window if now - w[0] <= self.span]
         self.window = recent if len(recent) > 1 else self.window[-2:]  # at least since the last line
         span = max(now - self.window[0][0], 1e-9)
         rate = (self.window[-1][1] - self.window[0][1]) / span
         settling = (self.window[-1][2] - self.window[0][2]) / span
         # (what is dropped last when the line must be cut to the terminal: lowest first, text) in their order
-        parts = [(9, f"pass {snap.pass_no}"), (9, f"{done}/{self.total} done"),
-                 (6, f"{unavailable} unavailable"), (5, f"{snap.awaiting} failed"),
-                 (3, f"{rate:.1f} req/s" if rate >= 1 or not rate else f"{rate:.2f} req/s")]
+        parts = [(9, f"pass {snap.pass_no}"), (9, f"{done}/{self.total} done")]
+        if snap.refresh:
+            parts.append((9, f"{snap.refresh[0]}/{snap.refresh[1]} refreshed"))
+        parts += [(6, f"{unavailable} unavailable"), (5, f"{snap.awaiting} failed"),
+                  (3, f"{rate:.1f} req/s" if rate >= 1 or not rate else f"{rate:.2f} req/s")]
         if snap.quota:
             of = f"/{snap.quota['limit']}" if snap.quota["limit"] is not None else ""
             parts.append((2, f"quota {snap.quota['remaining']}{of}, resets {snap.quota['resets_at'][11:16]}"))
@@ -3517,7 +3781,7 @@ class Progress:
             parts.append((4, f"throttled, pausing {duration(snap.paused_until - now)}"))
         elif snap.waiting_until is not None and snap.waiting_until - now >= 0.5:
             parts.append((4, f"waiting {duration(snap.waiting_until - now)}"))
-        left = self.total - done - unavailable
+        left = self.total - done - unavailable + (snap.refresh[1] - snap.refresh[0] if snap.refresh else 0)
         if left:
             parts.append((8, f"ETA {self.eta(left, settling, snap, now)}"))
         return parts
@@ -3592,7 +3856,7 @@ def group_residue(rows: list, pending: int, cfg: Config) -> list:
 
 
 def build_report(total: int, rest: list, duplicates: int, state: State, tally: Tally, cfg: Config,
-                 elapsed: float, redact: Redactor, now: float) -> dict:
+                 elapsed: float, redact: Redactor, now: float, refresh: Optional[dict] = None) -> dict:
     """report.json: what this run did and exactly what is missing, and why.
     rest: the ids that were not done when the run started, in input order."""
     rows, pending = residue(rest, state, tally)
@@ -3611,6 +3875,7 @@ def build_report(total: int, rest: list, duplicates: int, state: State, tally: T
         "unresolved": [{**row, "id": redact(row["id"])} for row in rows],
         "pending_listed": min(pending, PENDING_LISTED),
         "quota": tally.quota,
+        "refresh": refresh,
     }
 
 
@@ -3640,6 +3905,25 @@ def summarize(report: dict, news: bool = False) -> list:
         lines.append(f"      {', '.join(ids)}{more}")
     if older:
         lines.append(f"  and {older} id{'s' if older != 1 else ''} unavailable from earlier runs: see unavailable.jsonl")
+    return lines + refresh_lines(report["refresh"])
+
+
+def refresh_lines(refresh: Optional[dict]) -> list:
+    """The summary's lines on a refresh: its counts, then each reason a result was kept, with a few ids."""
+    if not refresh:
+        return []
+    asked = refresh["due"] - refresh["left"]
+    counts = ", ".join(f"{refresh[result]} {result}" for result in REFRESH_RESULTS)
+    left = f"; {refresh['left']} left: rerun to continue" if refresh["left"] else ""
+    lines = [f"  refresh: {asked} of {refresh['due']} ids fetched before {refresh['before'][:16]}Z asked: "
+             f"{counts}{left}"]
+    groups = {}
+    for row in refresh["kept_ids"]:
+        groups.setdefault(row["reason"], []).append(row["id"])
+    for reason, ids in sorted(groups.items(), key=lambda group: -len(group[1])):
+        more = f" and {len(ids) - NAMED_PER_REASON} more" if len(ids) > NAMED_PER_REASON else ""
+        lines += [f"  {len(ids)} x not refreshed, {reason}: the last result is kept; a later refresh asks again",
+                  f"      {', '.join(ids[:NAMED_PER_REASON])}{more}"]
     return lines
 
 
@@ -3668,7 +3952,7 @@ def exit_code(report: dict) -> ExitCode:
     stop = Stop(report["stop"]) if report["stop"] else None
     if stop and stop.code is not None:
         return stop.code
-    unsettled = report["counts"]["failed"] + report["counts"]["pending"]
+    unsettled = report["counts"]["failed"] + report["counts"]["pending"] + (report.get("refresh") or {}).get("left", 0)
     return ExitCode.INCOMPLETE if unsettled else ExitCode.OK
 
 
@@ -3736,6 +4020,9 @@ def check(ids_file: Path, state_dir: Path, quiet: bool, out, shard: Optional[tup
     strangers, no_result, no_done = reconcile(state_dir, state, undone)
     problems = {"done ids without a result line": no_result, "result lines without a done line": no_done,
                 "torn last lines": torn}
+    listed = [i for i in state.unavailable if i not in state.undone and i not in strangers]
+    if listed:  # done, then found removed upstream by a refresh: unavailable now
+        state.undone |= gone_upstream(listed, state.unavailable, result_heads(state_dir / "results.jsonl", set(listed)))
     counts = state_counts(total, state)
     of = f", shard {shard[0]}/{shard[1]}" if shard else ""
     lines = [f"redrive check: {ids_file} ({total} ids{of}) against {state_dir}"]
@@ -3745,7 +4032,10 @@ def check(ids_file: Path, state_dir: Path, quiet: bool, out, shard: Optional[tup
     lines.append(f"  {'not in input':<13}{len(strangers):>7}  (ids in the state that {ids_file.name} does not list)")
     lines += [f"  {label}: {len(found)} ({', '.join(shown_id(str(i)) for i in found[:5])}{', ...' if len(found) > 5 else ''})"
               for label, found in problems.items() if found]
-    settled = counts["failed"] == counts["pending"] == 0
+    before = unfinished_refresh(state_dir)
+    if before:
+        lines.append(f"  a refresh of the ids fetched before {before[:16]}Z is unfinished: rerun to go on with it")
+    settled = counts["failed"] == counts["pending"] == 0 and not before
     consistent = not any(problems.values())
     lines.append(("every id is settled" if settled else "some ids are not settled: rerun to continue") +
                  ("; the state is consistent" if consistent else "; the state needs repair: the next run does it"))
@@ -3753,6 +4043,15 @@ def check(ids_file: Path, state_dir: Path, quiet: bool, out, shard: Optional[tup
     if code or not quiet:
         print("\n".join(map(shown_text, lines)), file=out)
     return code
+
+
+def unfinished_refresh(state_dir: Path) -> Optional[str]:
+    """The cut-off of a refresh run.json keeps (one not over yet), or None."""
+    try:
+        refresh = json.loads((state_dir / "run.json").read_text(encoding="utf-8")).get("refresh")
+        return refresh["before"] if _when(refresh["before"]) else None
+    except (OSError, ValueError, AttributeError, TypeError, KeyError):
+        return None
 
 
 def reconcile(state_dir: Path, state: State, undone: set) -> tuple:
@@ -3897,10 +4196,13 @@ def export(args, state_dir: Path, out) -> ExitCode:
         raise RedriveError("--export files needs --out DIR, the folder to write one file per id into")
     ids = [i for i in read_ids(args.ids_file)[0] if args.shard is None or in_shard(i, args.shard)]
     done = set(read_done(state_dir, done_in_order) or ())
-    offsets, path = {}, state_dir / "results.jsonl"
+    offsets, fetched, path = {}, {}, state_dir / "results.jsonl"
     with open(path if path.is_file() else os.devnull, "rb") as fh:
         for offset, line in iter_lines(fh):
-            offsets[checked_record(path, 0, line)["id"]] = offset  # the last line of an id wins
+            record = checked_record(path, 0, line)
+            offsets[record["id"]], fetched[record["id"]] = offset, record["fetched_at"]  # the last line wins
+        unavailable = latest_records(state_dir / "unavailable.jsonl")
+        done -= gone_upstream((i for i in unavailable if i in done), unavailable, {i: (t,) for i, t in fetched.items()})
         fields = [f for f in (args.fields or "id,status,fetched_at").split(",") if f]
         writer = csv.writer(out, lineterminator="\n") if args.export == "csv" else None
         if writer:
@@ -4141,6 +4443,20 @@ def wants_again(record: dict, chosen: Optional[frozenset]) -> bool:
         record_cause(record) in chosen
 
 
+DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+UNIT_SECONDS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": DAY}
+
+
+def duration_spec(text: str) -> float:
+    """'30s', '12h', '7d' -> seconds: a number with its unit, above 0, up to ten years."""
+    found = DURATION.fullmatch(text.strip().lower())
+    seconds = float(found.group(1)) * UNIT_SECONDS[found.group(2)] if found else 0.0
+    if not 0 < seconds <= 3650 * DAY:
+        raise argparse.ArgumentTypeError(f"give a DURATION as a number and s, m, h or d (30s, 12h, 7d), "
+                                         f"not {text!r}")
+    return seconds
+
+
 def status_codes(text: str) -> frozenset:
     try:
         return parse_codes(text)
@@ -4231,6 +4547,11 @@ def add_run_options(run) -> None:
     run.add_argument("--retry-unavailable", nargs="?", const="all", type=retry_classes, metavar="CLASSES",
                      help="bring unavailable ids back, for one run: all, or those of CLASSES "
                           "(500,503 5xx 404 timeout throttled unreached transport bad-body too-large)")
+    again = run.add_mutually_exclusive_group()
+    again.add_argument("--refresh", action="store_true",
+                       help="ask every done id again, with If-None-Match / If-Modified-Since: a 304 keeps its result")
+    again.add_argument("--refresh-older-than", type=duration_spec, metavar="DURATION",
+                       help="as --refresh, only the ids fetched DURATION ago or more (30s, 12h, 7d)")
     run.add_argument("--max-time", type=bounded("a number of seconds", 0, 31 * DAY, above=True), metavar="S",
                      help="start no request after S s, exit 1")
     run.add_argument("--report", type=Path, metavar="FILE", help="write report.json to FILE too")
@@ -4295,6 +4616,10 @@ def config_from_args(args, environ, record: Optional[dict]) -> Config:
         raise RedriveError(f"--method {method[:20]!r} is not an HTTP method; give GET, POST, ...")
     headers = [parse_header(h, environ) for h in args.header]
     fatal, retry, skip = resolve_buckets(args.fatal, args.retry, args.skip)
+    refresh = 0.0 if args.refresh else args.refresh_older_than
+    if refresh is not None and method not in ("GET", "HEAD"):
+        raise RedriveError(f"--refresh asks with If-None-Match, which only GET and HEAD take as 'answer if "
+                           f"changed' (a {method} would be refused with 412 or done again); leave it out")
     url_spec = args.url or "{id}"
     request = Request(
         method=method, url=expand_env(url_spec, environ, "--url"), url_spec=url_spec,
@@ -4308,7 +4633,7 @@ def config_from_args(args, environ, record: Optional[dict]) -> Config:
         backoff=args.backoff, max_backoff=args.max_backoff, cooldown=args.cooldown,
         rate=args.rate, per_host=args.per_host, shard=args.shard,
         fatal=fatal, retry=retry, skip=skip, max_bytes=args.max_bytes,
-        retry_unavailable=args.retry_unavailable, max_time=args.max_time, quiet=args.quiet, verbose=args.verbose,
+        retry_unavailable=args.retry_unavailable, refresh=refresh, max_time=args.max_time, quiet=args.quiet, verbose=args.verbose,
         fsync=args.fsync, report=args.report, allow_config_change=args.allow_config_change,
         retry_unsafe=args.retry_unsafe, guard=not args.no_guard,
         secrets=tuple(v for _, v, _ in headers) + tuple(env_values(f"{url_spec} {args.data}", environ)) +
@@ -4345,18 +4670,24 @@ def dry_run(cfg: Config, err, out) -> ExitCode:
     everyone = read_ids(cfg.ids_file)[0]
     ids, _, unique, redact = read_input(cfg, err)
     check_local_settings(cfg, ids, redact)
-    state = load_state(cfg.state_dir, repair=False, undone=unique) if cfg.state_dir.is_dir() else State(undone=unique)
+    known = cfg.state_dir.is_dir()
+    state = load_state(cfg.state_dir, repair=False, undone=unique) if known else State(undone=unique)
+    before = refresh_cutoff(cfg, read_run_record(cfg.state_dir) if known else None, time.time())[0]
+    due = take_back_gone(state, ids, cfg.state_dir, before) if known else []
     left = [i for i in ids if i in state.undone]
     unavailable = sum(1 for i in left if i in state.unavailable and not wants_again(state.unavailable[i],
                                                                                     cfg.retry_unavailable))
     failed = sum(1 for i in left if i in state.failed and i not in state.unavailable)
     shard = f" (shard {cfg.shard[0]}/{cfg.shard[1]} of {len(everyone)})" if cfg.shard else ""
     print(f"redrive: dry run, nothing sent: {len(ids)} ids{shard}: {len(ids) - len(left)} done, {unavailable} "
-          f"unavailable, {failed} failed earlier, {len(left) - unavailable - failed} new", file=out)
-    for item_id in [i for i in left if i not in state.unavailable or
-                    wants_again(state.unavailable[i], cfg.retry_unavailable)][:5]:
+          f"unavailable, {failed} failed earlier, {len(left) - unavailable - failed} new" +
+          (f", {len(due)} done to refresh (fetched before {before[:16]}Z)" if before else ""), file=out)
+    asked = [(i, None) for i in left if i not in state.unavailable or wants_again(state.unavailable[i],
+                                                                                 cfg.retry_unavailable)]
+    for item_id, prior in (asked + due)[:5]:
         shown = "(the demo's server)" if cfg.request.demo else redact(redact_url(build_url(cfg.request.url, item_id)))
-        print(shown_text(f"  {cfg.request.method} {shown}"), file=out)
+        conditional = "".join(f", {name}: {value}" for name, value in prior.headers()) if prior else ""
+        print(shown_text(f"  {cfg.request.method} {shown}{conditional}"), file=out)
     return ExitCode.OK
 
 
@@ -4449,21 +4780,42 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
         del unique
         done_file = cfg.state_dir / "done.txt"
         fresh = not (done_file.exists() and done_file.stat().st_size > 0)
-        note, since = settle_run_record(cfg, record, not fresh, fx.wallclock())
+        before, resumed = refresh_cutoff(cfg, record, fx.wallclock())
+        note, since = settle_run_record(cfg, record, not fresh, fx.wallclock(), before)
         forget_old_verdicts(state, since)
-        if note and not cfg.quiet:
-            print(shown_text(f"redrive: {redact(note)}"), file=err)
+        for line in filter(None, (note, resumed)) if not cfg.quiet else ():
+            print(shown_text(f"redrive: {redact(line)}"), file=err)
+        due = take_back_gone(state, ids, cfg.state_dir, before)
         ledger = Ledger(cfg.state_dir, cfg.fsync, fx.clock, fx.fsync)
         ledger.open()
         try:
-            rest, tally = run_passes(cfg, fx, err, ids, state, ledger, fresh, redact)
+            rest, tally = run_passes(cfg, fx, err, ids, state, ledger, fresh, redact, (due, before))
         finally:
             ledger.close()
-        if state.fresh:  # only a run that settled ids can have written a second line for one
-            compact(cfg.state_dir / "unavailable.jsonl")  # failed.jsonl keeps its line per (id, pass)
+        came_back = frozenset(i for i in state.done if i in state.unavailable and i not in state.fresh)
+        if state.fresh or came_back:  # only a run that settled ids can have written a second line for one
+            compact(cfg.state_dir / "unavailable.jsonl", came_back)  # failed.jsonl keeps its line per (id, pass)
+        if tally.refresh:
+            compact(cfg.state_dir / "refreshed.jsonl")
+        refresh = refresh_view(before, len(due), tally, redact)
+        if refresh and not refresh["left"]:
+            end_refresh(cfg.state_dir)
+        rest += [i for i, _ in due if i in state.fresh]  # gone upstream in this refresh
         report = build_report(len(ids), rest, duplicates, state, tally, cfg, fx.clock() - started, redact,
-                              fx.wallclock())
+                              fx.wallclock(), refresh)
         return finish(report, tally, cfg, redact, err)
+
+
+def refresh_view(before: Optional[str], due: int, tally: Tally, redact: Redactor) -> Optional[dict]:
+    """The refresh as report.json shows it: its cut-off, how many ids it
+    asked, by result, how many are left, and each id whose result was kept."""
+    if not before:
+        return None
+    settled = sum(tally.refresh.values())
+    return {"before": before, "due": due, **{result: tally.refresh[result] for result in REFRESH_RESULTS},
+            "left": due - settled,
+            "kept_ids": [{"id": redact(shown_id(r["id"])), "status": r["status"], "reason": r["reason"]}
+                         for r in tally.kept]}
 
 
 def read_input(cfg: Config, err) -> tuple:
@@ -4482,18 +4834,25 @@ def read_input(cfg: Config, err) -> tuple:
 
 
 def run_passes(cfg: Config, fx: Effects, err, ids: list, state: State, ledger: Ledger, fresh: bool,
-               redact: Redactor) -> tuple:
-    """(the ids not done at the start, the Tally): every pass, the stop signals caught."""
+               redact: Redactor, refresh: tuple) -> tuple:
+    """(the ids not done at the start, the Tally): every pass, the stop
+    signals caught. refresh: (the done ids due, with their Prior; the cut-off)."""
     complete_lost_done(state, ledger)
     for note in state.repairs:
         print(shown_text(f"redrive: warning: {redact(note)}"), file=err)
     progress = Progress(err, len(ids), fx.clock, cfg.quiet)
     batch = Batch(cfg, ledger, state, fx, redact, progress)
     rest = plan(ids, state, cfg, batch, ledger, fx)
-    progress.begin(batch.settler.counts["done"] + batch.settler.counts["unavailable"])
+    new = batch.timeline.pending()
+    due, before = refresh
+    if before:
+        plan_refresh(due, before, state, cfg, batch, fx)
+    counts = batch.settler.counts
+    progress.begin(counts["done"] + counts["unavailable"] + counts["refreshed"])
     if cfg.guard and fresh and batch.timeline.pending() >= GUARD_MIN:  # nothing done yet: is the set-up right?
         batch.settler.guard = Guard(min(GUARD_SAMPLE, batch.timeline.pending()))
-    progress.say(f"redrive: {len(ids)} ids, {batch.timeline.pending()} to fetch, state in {cfg.state_dir}")
+    again = f", {batch.timeline.pending() - new} to refresh (fetched before {before[:16]}Z)" if before else ""
+    progress.say(f"redrive: {len(ids)} ids, {new} to fetch{again}, state in {cfg.state_dir}")
     with StopSignals(batch):
         try:
             return rest, batch.run()
@@ -4515,7 +4874,8 @@ def finish(report: dict, tally: Tally, cfg: Config, redact: Redactor, err) -> Ex
     text = json.dumps(report, indent=1, ensure_ascii=False) + "\n"
     for path in filter(None, (cfg.state_dir / "report.json", cfg.report)):
         write_atomically(path, text)
-    if code != ExitCode.OK or not cfg.quiet or report["new_unavailable"]:  # -q: silent when nothing is news
+    kept = (report["refresh"] or {}).get("kept")
+    if code != ExitCode.OK or not cfg.quiet or report["new_unavailable"] or kept:  # -q: silent when nothing is news
         lines = stop_lines(tally, cfg, redact) + summarize(report, news=cfg.quiet)
         print("\n".join(map(shown_text, lines)), file=err, flush=True)
     return code

@@ -66,6 +66,8 @@ class Handler(BaseHTTPRequestHandler):
             server.seen_headers.append(dict(self.headers))
             steps = server.replies.get(item, [200])
             step = steps[min(server.hits[item], len(steps)) - 1]
+            if item in server.versions:
+                step = ("sleep", server.delay, self.version(*server.versions[item]))
             server.inflight += 1
             server.max_inflight = max(server.max_inflight, server.inflight)
             server.events.append("start")
@@ -75,6 +77,21 @@ class Handler(BaseHTTPRequestHandler):
             with server.lock:
                 server.inflight -= 1
                 server.events.append("end")
+
+    def version(self, etag, body, modified=None):
+        """An item as an API keeps it: its ETag and Last-Modified (either may
+        be None), and its body, or a status once it is gone; a 304 when the
+        request's validators match (RFC 9110 13.1)."""
+        if isinstance(body, int):
+            return body
+        headers = {"Content-Type": "application/json", **({"ETag": etag} if etag else {}),
+                   **({"Last-Modified": modified} if modified else {})}
+        match = self.headers.get("If-None-Match")
+        if match is not None:
+            fresh = etag is not None and etag.removeprefix("W/") in [m.strip().removeprefix("W/") for m in match.split(",")]
+        else:
+            fresh = modified is not None and self.headers.get("If-Modified-Since") == modified
+        return (304, b"", headers) if fresh else (200, body, headers)
 
     def play(self, step, item):
         if callable(step):
@@ -131,6 +148,7 @@ def start_server(port=0, tls=None):
         server.socket = tls.wrap_socket(server.socket, server_side=True)
     server.daemon_threads = True
     server.replies, server.hits, server.paths, server.seen_headers = {}, Counter(), [], []
+    server.versions, server.delay = {}, 0.0  #: item -> (etag, body or a status, last-modified): Handler.version
     server.bodies, server.inflight, server.max_inflight, server.events = [], 0, 0, []
     server.lock = threading.Lock()
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
@@ -1033,8 +1051,9 @@ def test_retry_unavailable_with_classes_asks_again_only_those_and_keeps_one_line
     code, err, _ = crawl(server, tmp_path, ids, "--retry-unavailable", "5xx,timeout", "--tries", "1", "--passes", "1")
     assert code == ExitCode.OK, err
     assert set(server.hits) == set(broken)  # the 404s are not paid for again
-    records = state(tmp_path, "unavailable.jsonl")
-    assert len(records) == len({r["id"] for r in records}) == 23  # one line per id, the last one
+    records, done = state(tmp_path, "unavailable.jsonl"), state(tmp_path, "done.txt")
+    assert done and len(records) == len({r["id"] for r in records})  # one line per id, the last one
+    assert {r["id"] for r in records} == set(ids) - set(done)  # an id that came back is unavailable no more
     code, err, _ = crawl(server, tmp_path, ids, "--retry-unavailable", "500")
     assert code == ExitCode.OK and "e500" in state(tmp_path, "done.txt") and server.hits["g0"] == 0
     code, err, _ = crawl(server, tmp_path, ids, "--retry-unavailable", "5xz")
@@ -1266,6 +1285,198 @@ def test_a_demo_stopped_and_resumed_ends_as_one_that_ran_through(tmp_path, stop_
     assert code == ExitCode.OK, err
     assert len(state(tmp_path, "unavailable.jsonl", stem="sample_ids")) == 7  # 8 or 9 when it forgot
     assert len(state(tmp_path, "done.txt", stem="sample_ids")) == 43
+
+
+# ----------------------------------------------------------------- refresh
+
+
+def version(item, number):
+    return json.dumps({"id": item, "v": number}).encode()
+
+
+def asked(server):
+    """Each request the server received: (id, If-None-Match, If-Modified-Since)."""
+    return [(unquote(path.split("?")[0].split("/items/")[-1]), headers.get("If-None-Match"),
+             headers.get("If-Modified-Since")) for path, headers in zip(server.paths, server.seen_headers)]
+
+
+def latest(tmp_path, name="results.jsonl"):
+    return {r["id"]: r for r in state(tmp_path, name)}
+
+
+def test_a_refresh_asks_with_the_stored_validators_and_stores_only_what_changed(server, tmp_path):
+    dated = "Tue, 01 Dec 2026 10:00:00 GMT"
+    server.versions.update({"same": ('"s1"', version("same", 1)), "new": ('W/"n1"', version("new", 1)),
+                            "gone": ('"g1"', version("gone", 1)), "dated": (None, version("dated", 1), dated)})
+    ids, fake = ["same", "new", "gone", "dated"], FakeTime()
+    assert crawl(server, tmp_path, ids, fake=fake)[0] == ExitCode.OK
+    assert {i: (r.get("etag"), r.get("last_modified")) for i, r in latest(tmp_path).items()} == {
+        "same": ('"s1"', None), "new": ('W/"n1"', None), "gone": ('"g1"', None), "dated": (None, dated)}
+    server.versions.update({"new": ('W/"n2"', version("new", 2)), "gone": ('"g1"', 404)})
+    server.paths.clear(), server.seen_headers.clear()
+    fake.now += 60
+    code, err, _ = crawl(server, tmp_path, ids, "--refresh", fake=fake)
+    assert code == ExitCode.OK, err
+    assert sorted(asked(server)) == [("dated", None, dated), ("gone", '"g1"', None), ("new", 'W/"n1"', None),
+                                     ("same", '"s1"', None)]
+    results = state(tmp_path, "results.jsonl")
+    assert len(results) == 5 and results[-1]["id"] == "new" and results[-1]["body"] == {"id": "new", "v": 2}
+    assert results[-1]["etag"] == 'W/"n2"' and state(tmp_path, "done.txt") == ids  # no id listed twice
+    assert {i: (r["result"], r["status"]) for i, r in latest(tmp_path, "refreshed.jsonl").items()} == {
+        "same": ("unchanged", 304), "new": ("changed", 200), "gone": ("gone", 404), "dated": ("unchanged", 304)}
+    [gone] = state(tmp_path, "unavailable.jsonl")
+    assert gone["id"] == "gone" and gone["reason"] == "removed upstream since its last fetch (404 Not Found)"
+    assert "refresh: 4 of 4 ids fetched before" in err and "2 unchanged, 1 changed, 1 gone, 0 kept" in err
+    report = json.loads((tmp_path / "ids.redrive" / "report.json").read_text())
+    assert (report["counts"]["done"], report["counts"]["unavailable"]) == (3, 1)
+    assert {k: report["refresh"][k] for k in ("due", "unchanged", "changed", "gone", "kept", "left")} == {
+        "due": 4, "unchanged": 2, "changed": 1, "gone": 1, "kept": 0, "left": 0}
+    assert "refresh" not in json.loads((tmp_path / "ids.redrive" / "run.json").read_text())  # it is over
+    out = io.StringIO()
+    assert redrive.main([str(tmp_path / "ids.txt"), "--check"], out=out) == ExitCode.OK
+    assert summary_count(out.getvalue(), "done") == 3 and summary_count(out.getvalue(), "unavailable") == 1
+    out = io.StringIO()
+    assert redrive.main([str(tmp_path / "ids.txt"), "--export", "jsonl"], out=out) == ExitCode.OK
+    assert [json.loads(line)["body"] for line in out.getvalue().splitlines()] == [
+        {"id": "same", "v": 1}, {"id": "new", "v": 2}, {"id": "dated", "v": 1}]  # the last line wins; gone is out
+    server.paths.clear(), server.seen_headers.clear()
+    fake.now += 60
+    assert crawl(server, tmp_path, ids, "--refresh-older-than", "1h", fake=fake)[0] == ExitCode.OK
+    assert asked(server) == []  # a 304 moved each fetch time on
+    fake.now += 7200
+    out = io.StringIO()
+    redrive.main([str(tmp_path / "ids.txt"), "--refresh-older-than", "1h", "--dry-run"], out=out,
+                 fx=fake.effects())
+    assert "3 done to refresh" in out.getvalue() and 'GET ' + server.base + '/items/new, If-None-Match: W/"n2"' in \
+        out.getvalue()
+    assert crawl(server, tmp_path, ids, "--refresh-older-than", "1h", fake=fake)[0] == ExitCode.OK
+    assert sorted(asked(server)) == [("dated", None, dated), ("new", 'W/"n2"', None), ("same", '"s1"', None)]
+
+
+def test_a_server_that_ignores_validators_costs_a_body_but_no_result_line_unless_the_body_changed(server, tmp_path):
+    server.replies.update({"a": [200], "b": [200, (200, b'{"id": "b", "v": 2}', {"Content-Type": "application/json"})]})
+    fake = FakeTime()
+    assert crawl(server, tmp_path, ["a", "b"], fake=fake)[0] == ExitCode.OK
+    fake.now += 60
+    code, err, _ = crawl(server, tmp_path, ["a", "b"], "--refresh", fake=fake)
+    assert code == ExitCode.OK, err
+    assert [i for i, match, since in asked(server)] == ["a", "b", "a", "b"] and \
+        all(match is since is None for _, match, since in asked(server))  # no validator to send
+    assert [r["id"] for r in state(tmp_path, "results.jsonl")] == ["a", "b", "b"]
+    assert {i: r["result"] for i, r in latest(tmp_path, "refreshed.jsonl").items()} == {"a": "unchanged",
+                                                                                        "b": "changed"}
+
+
+def test_a_304_to_a_request_that_sent_no_validator_is_retried_then_unavailable_never_done(server, tmp_path):
+    server.replies["x"] = [304]
+    code, err, _ = crawl(server, tmp_path, ["x"], "--tries", "2", "--passes", "1")
+    assert code == ExitCode.OK and server.hits["x"] == 2 and state(tmp_path, "done.txt") == []
+    [record] = state(tmp_path, "unavailable.jsonl")
+    assert record["reason"] == "304 Not Modified to a request that sent no validator (a server bug)"
+
+
+def test_a_refresh_that_fails_keeps_the_last_result_says_so_even_with_q_and_is_over(server, tmp_path):
+    server.versions["k"], fake = ('"k1"', version("k", 1)), FakeTime()
+    assert crawl(server, tmp_path, ["k", "m"], fake=fake)[0] == ExitCode.OK
+    del server.versions["k"]
+    server.replies.update({"k": [500], "m": [304]})  # m: a 304 though no validator was kept for it
+    fake.now += 60
+    code, err, _ = crawl(server, tmp_path, ["k", "m"], "--refresh", "--tries", "2", "--cooldown", "0", "-q",
+                         fake=fake)
+    assert code == ExitCode.OK
+    assert "1 x not refreshed, 500 Internal Server Error: the last result is kept" in err
+    assert "1 x not refreshed, 304 Not Modified to a request that sent no validator (a server bug)" in err
+    assert {r["result"] for r in state(tmp_path, "refreshed.jsonl")} == {"kept"}
+    assert state(tmp_path, "unavailable.jsonl") == [] and [f["pass"] for f in state(tmp_path, "failed.jsonl")
+                                                         if f["id"] == "k"] == [1, 2]
+    out = io.StringIO()
+    assert redrive.main([str(tmp_path / "ids.txt"), "--export", "jsonl"], out=out) == ExitCode.OK
+    assert [json.loads(line)["body"] for line in out.getvalue().splitlines()] == [{"id": "k", "v": 1}, {"id": "m"}]
+    server.hits.clear()
+    assert crawl(server, tmp_path, ["k", "m"], fake=fake)[0] == ExitCode.OK and not server.hits  # it is over
+
+
+def test_a_refresh_killed_midway_goes_on_in_a_plain_rerun_and_asks_no_refreshed_id_again(server, tmp_path):
+    ids = [f"r{n}" for n in range(240)]
+    server.versions.update({i: (f'"{i}-1"', version(i, 1)) for i in ids})
+    ids_file, sdir = write_ids(tmp_path, ids), tmp_path / "ids.redrive"
+    cmd = redrive_cmd(ids_file, "--url", server.template, "--concurrency", "4")
+    assert subprocess.run(cmd, capture_output=True, timeout=60).returncode == 0
+    server.versions.update({i: (f'"{i}-2"', version(i, 2)) for i in ids[::2]})  # half of them changed
+    server.delay, final = 0.005, {i: 2 if n % 2 == 0 else 1 for n, i in enumerate(ids)}
+    server.hits.clear()
+    proc = subprocess.Popen(cmd + ["--refresh"], stderr=subprocess.PIPE, text=True)
+    wait_for_lines(sdir / "refreshed.jsonl", 40, proc)
+    proc.kill()
+    proc.communicate(timeout=10)
+    assert json.loads((sdir / "run.json").read_text())["refresh"]["before"]  # the cut-off is kept
+    check = subprocess.run(redrive_cmd(ids_file, "--check"), capture_output=True, text=True, timeout=30)
+    assert check.returncode == 1 and "is unfinished: rerun to go on with it" in check.stdout
+    settled = latest(tmp_path, "refreshed.jsonl")
+    assert 40 <= len(settled) < len(ids)
+    results = latest(tmp_path)
+    assert all(results[i]["body"]["v"] == final[i] for i in settled)  # refreshed...
+    assert all(results[i]["body"]["v"] in (1, final[i]) for i in ids)  # ...or as it was
+    server.hits.clear()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "continuing the refresh that was cut short" in proc.stderr
+    assert not set(settled) & set(server.hits) and max(server.hits.values()) == 1
+    assert all(latest(tmp_path)[i]["body"]["v"] == final[i] for i in ids)
+    assert sorted(state(tmp_path, "done.txt")) == sorted(ids) and "refresh" not in json.loads((sdir / "run.json").read_text())
+    lines = state(tmp_path, "refreshed.jsonl")
+    assert len(lines) == len({r["id"] for r in lines})  # one line per id once a run ends
+    assert subprocess.run(redrive_cmd(ids_file, "--check", "-q"), capture_output=True, timeout=30).returncode == 0
+
+
+def test_an_id_gone_upstream_comes_back_with_retry_unavailable_done_again_listed_once(server, tmp_path):
+    server.versions["g"], fake = ('"g1"', version("g", 1)), FakeTime()
+    crawl(server, tmp_path, ["g", "h"], fake=fake)
+    server.versions["g"] = ('"g1"', 410)
+    fake.now += 60
+    assert crawl(server, tmp_path, ["g", "h"], "--refresh", fake=fake)[0] == ExitCode.OK
+    server.paths.clear(), server.seen_headers.clear()
+    code, err, _ = crawl(server, tmp_path, ["g", "h"], fake=fake)
+    assert code == ExitCode.OK and asked(server) == [] and summary_count(err, "unavailable") == 1
+    server.versions["g"] = ('"g2"', version("g", 2))
+    fake.now += 60
+    code, err, _ = crawl(server, tmp_path, ["g", "h"], "--retry-unavailable", "410", fake=fake)
+    assert code == ExitCode.OK and asked(server) == [("g", None, None)]  # not done: a whole fetch
+    assert state(tmp_path, "done.txt") == ["g", "h"] and state(tmp_path, "unavailable.jsonl") == []
+    out = io.StringIO()
+    assert redrive.main([str(tmp_path / "ids.txt"), "--check"], out=out) == ExitCode.OK
+    assert summary_count(out.getvalue(), "done") == 2 and summary_count(out.getvalue(), "unavailable") == 0
+
+
+def test_a_kill_after_a_refreshs_new_result_line_leaves_it_refreshed_and_lists_no_id_twice(server, tmp_path):
+    assert crawl(server, tmp_path, ["a", "b"])[0] == ExitCode.OK
+    results = tmp_path / "ids.redrive" / "results.jsonl"
+    first = json.loads(results.read_text().splitlines()[0])
+    newer = {**first, "fetched_at": "2031-01-01T00:00:00.000000Z", "body": {"id": "a", "v": 2}}
+    with open(results, "a") as fh:  # a refresh's new result for a, and the kill before its refreshed line
+        fh.write(json.dumps(newer) + "\n")
+    code, err, _ = crawl(server, tmp_path, ["a", "b"])
+    assert code == ExitCode.OK and "added" not in err and state(tmp_path, "done.txt") == ["a", "b"]
+    out = io.StringIO()
+    assert redrive.main([str(tmp_path / "ids.txt"), "--export", "jsonl"], out=out) == ExitCode.OK
+    assert json.loads(out.getvalue().splitlines()[0])["body"] == {"id": "a", "v": 2}
+
+
+@pytest.mark.parametrize("text, seconds", [("30s", 30), ("12h", 43200), ("7d", 604800), ("1.5m", 90), ("2H", 7200)])
+def test_duration_spec_reads_a_number_and_its_unit(text, seconds):
+    assert redrive.duration_spec(text) == seconds
+
+
+@pytest.mark.parametrize("extra, problem", [
+    (["--refresh-older-than", "12x"], "give a DURATION as a number and s, m, h or d (30s, 12h, 7d), not '12x'"),
+    (["--refresh-older-than", "0s"], "not '0s'"),
+    (["--refresh-older-than", "12"], "not '12'"),
+    (["--refresh", "--refresh-older-than", "1h"], "not allowed with argument --refresh"),
+    (["--refresh", "--method", "POST"], "only GET and HEAD take as 'answer if changed'"),
+])
+def test_a_bad_refresh_option_is_one_line_and_exit_2(server, tmp_path, extra, problem):
+    code, err, _ = crawl(server, tmp_path, ["a"], *extra)
+    assert code == ExitCode.USAGE and problem in err and err.count("\n") == 1 and not server.hits
 
 
 # ----------------------------------------------------------------- secrets
@@ -2206,6 +2417,15 @@ def test_a_resumed_runs_eta_counts_only_its_own_work_and_a_known_wait_is_shown()
     down = redrive.Snapshot(10, 35, 0, 0, 0.0, 1, later + 9.0, None, down=True)
     line = status_line(progress, down, later)
     assert "unreachable, probing" in line and "throttled" not in line
+
+
+def test_a_refresh_shows_its_own_count_and_its_eta_counts_the_ids_left_to_refresh():
+    clock = FakeTime()
+    progress = redrive.Progress(io.StringIO(), 100, clock.clock, quiet=False)
+    progress.begin(100)  # every id done already: all the work is the refresh of 60 of them
+    later = clock.now + 10.0  # 20 refreshed in ten seconds: 40 left at 2 a second
+    line = status_line(progress, redrive.Snapshot(20, 100, 0, 0, 0.0, 1, 0.0, None, refresh=(20, 60)), later)
+    assert "100/100 done, 20/60 refreshed" in line and "ETA 20 s" in line
 
 
 def read_terminal(master, slave):
