@@ -53,6 +53,9 @@ Scenarios (all by default):
                  Retry-After: 1 once and 1% 503 twice, against the same ids clean
   shards-parallel  docs/across-machines.md's GNU parallel line on this machine:
                  3,000 ids in three shards, then --cover; skipped without parallel
+  refresh        a nightly sync of 10,000 ids with ETags: night 1 fetches all;
+                 on night 2, 2% changed and 0.5% are gone: a plain rerun, then
+                 --refresh; and planning a refresh of 200,000 done ids
 
 --old REDRIVE_PY runs every scenario chosen with that redrive.py too, right
 after this one's, so that the old code and the new are measured in one run.
@@ -138,7 +141,12 @@ class Handler(BaseHTTPRequestHandler):
         srv = self.server
         if self.path == "/_stats":
             return self.send(200, json.dumps(srv.stats()).encode())
+        if self.path.startswith("/_night/"):
+            srv.limit.night = int(self.path.rsplit("/", 1)[-1])
+            return self.send(200, b"{}")
         item = self.path.rsplit("/", 1)[-1]
+        if isinstance(srv.limit, Versions):
+            return self.versioned(item)
         kind = kind_of(item, srv.faults)
         with srv.lock:
             srv.hits[item] += 1
@@ -165,6 +173,23 @@ class Handler(BaseHTTPRequestHandler):
                 srv.settled.add(item)
                 srv.accepted.append(time.monotonic())
         self.send(status, body, declared)
+
+    def versioned(self, item):
+        """An item as an API keeps it (see Versions): 304 to a matching If-None-Match."""
+        srv, number = self.server, int(item[1:])
+        with srv.lock:
+            srv.hits[item] += 1
+        time.sleep(srv.latency)
+        version = srv.limit.version(number)
+        if version is None:
+            return self.send(404, b"gone")
+        etag = f'"{number}-{version}"'
+        if self.headers.get("If-None-Match") == etag:
+            return self.send(304, b"", {"ETag": etag})
+        body = json.dumps({"id": item, "version": version, "text": "x" * srv.limit.size}).encode()
+        with srv.lock:
+            srv.body_bytes += len(body)
+        self.send(200, body, {"ETag": etag})
 
     def answer(self, kind, hit, item):
         if kind == "429-once" and hit == 1:
@@ -329,6 +354,20 @@ class ChangingBucket(Limiter):
         return None
 
 
+class Versions:
+    """Items that change from night to night, each with its ETag: on night k
+    (from 1), the items whose number is k modulo 50 get a new version (2% a
+    night), and every 200th item is gone from night 2 on (0.5%)."""
+
+    def __init__(self, size=2000):
+        self.night, self.size = 1, size  #: size: bytes of text in each body
+
+    def version(self, number):
+        if self.night >= 2 and number % 200 == 199:
+            return None
+        return 1 + sum(1 for k in range(2, self.night + 1) if number % 50 == k % 50)
+
+
 class BenchServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 256
@@ -340,6 +379,7 @@ class BenchServer(ThreadingHTTPServer):
         self.hits, self.statuses, self.settled, self.wasted = Counter(), Counter(), set(), 0
         self.window, self.in_window = 0, 0
         self.times = {}  #: item -> monotonic times of its requests, for the 429-lone kind
+        self.body_bytes = 0  #: bytes of the versioned items' bodies sent
         self.accepted = []  #: monotonic times of the answers that were not throttles
 
     def over_limit(self):
@@ -366,6 +406,7 @@ class BenchServer(ThreadingHTTPServer):
             start = self.limit.start if isinstance(self.limit, Limiter) else 0.0
             refused = getattr(self.limit, "refused", [])
             return {"hits": dict(self.hits), "statuses": dict(self.statuses), "wasted": self.wasted,
+                    "body_bytes": self.body_bytes,
                     "first_wall": getattr(self.limit, "first_wall", None),
                     "times": self.times, "accepted": [t - start for t in self.accepted], "refused": refused}
 
@@ -1334,6 +1375,59 @@ def no_limit_throttles(folder, count, opt):
           f"concurrency {opt.concurrency}", rows)
 
 
+def refresh(folder, count, opt):
+    """A nightly sync: night 1 fetches every id; on night 2, 2% of the items
+    changed and 0.5% are gone. A plain rerun, then --refresh; and the cost of
+    planning a refresh over a large state (--dry-run)."""
+    import urllib.request
+    proc, base = start_server(opt.latency, limit=Versions())
+    ids, results = write_ids(folder, count), folder / "ids.redrive" / "results.jsonl"
+    runs, stats = [], []
+    try:
+        for night, options in ((1, ()), (2, ()), (2, ("--refresh",))):
+            urllib.request.urlopen(f"{base}/_night/{night}").read()
+            runs.append(measured(redrive_cmd(ids, base, "--concurrency", str(opt.concurrency), *options)))
+            stats.append((server_stats(base), results.stat().st_size))
+    finally:
+        proc.terminate()
+    seen = [(sum(s["hits"].values()), s["statuses"], s["body_bytes"], size) for s, size in stats]
+    done = json.loads((folder / "ids.redrive" / "report.json").read_text())["refresh"]
+    ideal = count * opt.latency / opt.concurrency
+    rows = [("ideal, each id asked once", f"{ideal:.2f} s (N x latency / concurrency)")]
+    for label, run, now, before in (("night 1, every id fetched", runs[0], seen[0], (0, {}, 0, 0)),
+                                    ("night 2, plain rerun", runs[1], seen[1], seen[0]),
+                                    ("night 2, --refresh", runs[2], seen[2], seen[1])):
+        rows.append((f"{label} (exit {run.code})",
+                     f"wall {run.wall:.2f} s, {now[0] - before[0]} requests, {(now[2] - before[2]) / 1e6:.1f} MB of "
+                     f"bodies, results.jsonl +{(now[3] - before[3]) / 1e6:.2f} MB, CPU {run.cpu:.2f} s"))
+        show_error(run)
+    rows.append(("the refresh counted", ", ".join(f"{done[k]} {k}" for k in ("unchanged", "changed", "gone", "kept"))
+                 + f" of {done['due']}; the server's 304s: {seen[2][1].get('304', 0)}"))
+    rows.append(refresh_planning(folder, 200_000))
+    table(f"refresh: {count} ids, 2,000-byte bodies, {opt.latency * 1000:g} ms latency, concurrency "
+          f"{opt.concurrency}", rows)
+
+
+def refresh_planning(folder, count):
+    """(label, figures): --refresh --dry-run over `count` done ids with 1,000-byte bodies: reading the
+    validators and the body digests of every result, with no request."""
+    big = folder / "big"
+    big.mkdir()
+    ids = write_ids(big, count)
+    (big / "ids.redrive").mkdir()
+    with open(big / "ids.redrive" / "done.txt", "w") as done, open(big / "ids.redrive" / "results.jsonl", "w") as out:
+        for n in range(count):
+            done.write(f"i{n}\n")
+            out.write(f'{{"id":"i{n}","url":"u","status":200,"fetched_at":"2026-01-01T00:00:00.000000Z",'
+                      f'"etag":"\\"{n}-1\\"","body":{{"text":"{"x" * 1000}"}}}}\n')
+    size = (big / "ids.redrive" / "results.jsonl").stat().st_size
+    run = measured([sys.executable, str(REDRIVE[0]), str(ids), "--url", "http://127.0.0.1:9/{id}", "--refresh",
+                    "--dry-run"])
+    show_error(run)
+    return (f"planning a refresh of {count:,} done ids (--dry-run, {size / 1e6:.0f} MB of results)",
+            f"wall {run.wall:.2f} s, CPU {run.cpu:.2f} s, peak memory {run.rss:.0f} MB (exit {run.code})")
+
+
 def fs_type(folder):
     try:
         out = subprocess.run(["df", "-T", str(folder)], capture_output=True, text=True).stdout.splitlines()[-1]
@@ -1347,11 +1441,12 @@ SCENARIOS = {"clean": clean, "flaky": flaky, "rate-limited": rate_limited, "lone
              "fixed-window": fixed_window, "token-bucket": token_bucket, "limit-and-lone": limit_and_lone,
              "limit-change": limit_change, "chaos": chaos, "declared": declared,
              "shards-on-one-key": shards_on_one_key, "no-limit-throttles": no_limit_throttles,
-             "shards-parallel": shards_parallel}
+             "shards-parallel": shards_parallel, "refresh": refresh}
 COUNTS = {"clean": 10_000, "flaky": 10_000, "rate-limited": 3_000, "lone-429": 10_000, "resume": 1_000_000, "fsync": 5_000,
           "stop": 1_000_000, "nginx": 0,
           "fixed-window": 0, "token-bucket": 0, "limit-and-lone": 0, "limit-change": 4_500, "chaos": 10_000,
-          "declared": 0, "shards-on-one-key": 0, "no-limit-throttles": 10_000, "shards-parallel": 3_000}
+          "declared": 0, "shards-on-one-key": 0, "no-limit-throttles": 10_000, "shards-parallel": 3_000,
+          "refresh": 10_000}
 
 
 def main(argv=None):

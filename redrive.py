@@ -111,7 +111,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum, IntEnum
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, NamedTuple, Optional
 from urllib.parse import quote, quote_plus, unquote_plus, urlsplit, urlunsplit
 
 try:
@@ -465,11 +465,11 @@ class Outcome:
     last_modified: Optional[str] = None
 
 
-@dataclass(frozen=True)
-class Prior:
+class Prior(NamedTuple):
     """What a refresh knows of a done id's stored result: the validators it
     asks with, and a digest of the body, which tells a 200 that brings the
-    same body (a server that ignores validators) from a change."""
+    same body (a server that ignores validators) from a change. A tuple: a
+    refresh holds one for each done id."""
 
     etag: Optional[str] = None
     last_modified: Optional[str] = None
