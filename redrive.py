@@ -3171,7 +3171,8 @@ class Books:
         record = {"id": item.id, "at": iso(self.wallclock()), "result": "unchanged" if same else "changed",
                   "status": out.status}
         if same:  # new validators for the same body: the next refresh sends these
-            record.update({k: getattr(out, k) for k in ("etag", "last_modified") if getattr(out, k)})
+            record.update({k: getattr(out, k) for k in ("etag", "last_modified")
+                           if getattr(out, k) and getattr(out, k) != getattr(item.prior, k)})
         self.note_refresh(item, record)
 
     def note_refresh(self, item: Item, record: dict) -> None:
@@ -3194,7 +3195,7 @@ class Books:
         self.state.failed[item.id] = record
         if step.move is Move.GIVE_UP:
             self.unavailable(item, out)
-        else:
+        elif item.prior is None:  # a refresh's passes are its own line of the summary
             self.tally.count(item.pass_no, "failed")
 
     def unavailable(self, item: Item, out: Outcome) -> None:
@@ -3211,8 +3212,9 @@ class Books:
                                     self.wallclock(), self.cfg.passes)
         give_up(record, self.ledger, self.state)  # newer than its result: the id is done no more
         self.counts["unavailable"] += 1
-        self.tally.count(item.pass_no, "unavailable")
-        if gone:
+        if not gone:
+            self.tally.count(item.pass_no, "unavailable")
+        else:
             self.counts["done"] -= 1
             self.note_refresh(item, {"id": item.id, "at": record["at"], "result": "gone", "status": out.status})
 

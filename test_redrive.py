@@ -1367,6 +1367,20 @@ def test_a_server_that_ignores_validators_costs_a_body_but_no_result_line_unless
                                                                                         "b": "changed"}
 
 
+def test_the_same_body_under_a_new_etag_is_unchanged_and_the_next_refresh_sends_the_new_etag(server, tmp_path):
+    server.versions["a"], fake = ('"a1"', version("a", 1)), FakeTime()
+    crawl(server, tmp_path, ["a"], fake=fake)
+    server.versions["a"] = ('"a2"', version("a", 1))  # re-encoded upstream: a new ETag, the same bytes
+    seen = []
+    for _ in range(2):
+        fake.now += 60
+        assert crawl(server, tmp_path, ["a"], "--refresh", fake=fake)[0] == ExitCode.OK
+        seen += [(r["result"], r["status"], r.get("etag")) for r in state(tmp_path, "refreshed.jsonl")]
+    assert [match for _, match, _ in asked(server)] == [None, '"a1"', '"a2"']
+    assert len(state(tmp_path, "results.jsonl")) == 1  # no new line for the same body
+    assert seen == [("unchanged", 200, '"a2"'), ("unchanged", 304, None)]  # a 304 with the ETag sent adds none
+
+
 def test_a_304_to_a_request_that_sent_no_validator_is_retried_then_unavailable_never_done(server, tmp_path):
     server.replies["x"] = [304]
     code, err, _ = crawl(server, tmp_path, ["x"], "--tries", "2", "--passes", "1")
