@@ -55,7 +55,9 @@ Scenarios (all by default):
                  3,000 ids in three shards, then --cover; skipped without parallel
   refresh        a nightly sync of 10,000 ids with ETags: night 1 fetches all;
                  on night 2, 2% changed and 0.5% are gone: a plain rerun, then
-                 --refresh; and planning a refresh of 200,000 done ids
+                 --refresh; night 3's --refresh under GitHub's quota headers
+                 (2,000 an hour, no 304 counted); planning a refresh of 200,000
+                 done ids
 
 --old REDRIVE_PY runs every scenario chosen with that redrive.py too, right
 after this one's, so that the old code and the new are measured in one run.
@@ -142,7 +144,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/_stats":
             return self.send(200, json.dumps(srv.stats()).encode())
         if self.path.startswith("/_night/"):
-            srv.limit.night = int(self.path.rsplit("/", 1)[-1])
+            srv.limit.night, srv.limit.quota = map(int, self.path.split("/")[2:4])
             return self.send(200, b"{}")
         item = self.path.rsplit("/", 1)[-1]
         if isinstance(srv.limit, Versions):
@@ -176,20 +178,27 @@ class Handler(BaseHTTPRequestHandler):
 
     def versioned(self, item):
         """An item as an API keeps it (see Versions): 304 to a matching If-None-Match."""
-        srv, number = self.server, int(item[1:])
+        srv, number, items = self.server, int(item[1:]), self.server.limit
+        time.sleep(srv.latency)
+        version = items.version(number)
+        etag = f'"{number}-{version}"'
+        fresh = version is not None and self.headers.get("If-None-Match") == etag
         with srv.lock:
             srv.hits[item] += 1
-        time.sleep(srv.latency)
-        version = srv.limit.version(number)
+            declared = items.declared()
+            if items.quota and not fresh:  # GitHub counts every request but a 304
+                if items.used >= items.quota:
+                    return self.send(403, b'{"message":"API rate limit exceeded"}', declared)
+                items.used += 1
+                declared["X-RateLimit-Remaining"] = str(items.quota - items.used)
         if version is None:
-            return self.send(404, b"gone")
-        etag = f'"{number}-{version}"'
-        if self.headers.get("If-None-Match") == etag:
-            return self.send(304, b"", {"ETag": etag})
-        body = json.dumps({"id": item, "version": version, "text": "x" * srv.limit.size}).encode()
+            return self.send(404, b"gone", declared)
+        if fresh:
+            return self.send(304, b"", {"ETag": etag, **declared})
+        body = json.dumps({"id": item, "version": version, "text": "x" * items.size}).encode()
         with srv.lock:
             srv.body_bytes += len(body)
-        self.send(200, body, {"ETag": etag})
+        self.send(200, body, {"ETag": etag, **declared})
 
     def answer(self, kind, hit, item):
         if kind == "429-once" and hit == 1:
@@ -361,6 +370,16 @@ class Versions:
 
     def __init__(self, size=2000):
         self.night, self.size = 1, size  #: size: bytes of text in each body
+        self.quota, self.used, self.reset = 0, 0, 0  #: GitHub's quota, when declared: its size an hour, used
+
+    def declared(self):
+        """GitHub's headers for what is left of the hour (none when no quota is declared)."""
+        if not self.quota:
+            return {}
+        if time.time() >= self.reset:
+            self.used, self.reset = 0, int(time.time()) + 3600
+        return {"X-RateLimit-Limit": str(self.quota), "X-RateLimit-Remaining": str(max(0, self.quota - self.used)),
+                "X-RateLimit-Reset": str(self.reset), "X-RateLimit-Resource": "core"}
 
     def version(self, number):
         if self.night >= 2 and number % 200 == 199:
@@ -1377,32 +1396,38 @@ def no_limit_throttles(folder, count, opt):
 
 def refresh(folder, count, opt):
     """A nightly sync: night 1 fetches every id; on night 2, 2% of the items
-    changed and 0.5% are gone. A plain rerun, then --refresh; and the cost of
-    planning a refresh over a large state (--dry-run)."""
+    changed and 0.5% are gone. A plain rerun, then --refresh; on night 3 (2%
+    more changed) --refresh against GitHub's quota headers, 2,000 an hour,
+    counting no 304; and the cost of planning a refresh over a large state."""
     import urllib.request
     proc, base = start_server(opt.latency, limit=Versions())
     ids, results = write_ids(folder, count), folder / "ids.redrive" / "results.jsonl"
     runs, stats = [], []
     try:
-        for night, options in ((1, ()), (2, ()), (2, ("--refresh",))):
-            urllib.request.urlopen(f"{base}/_night/{night}").read()
+        for night, quota, options in ((1, 0, ()), (2, 0, ()), (2, 0, ("--refresh",)),
+                                      (3, 2000, ("--refresh", "--max-time", "120"))):
+            urllib.request.urlopen(f"{base}/_night/{night}/{quota}").read()
             runs.append(measured(redrive_cmd(ids, base, "--concurrency", str(opt.concurrency), *options)))
             stats.append((server_stats(base), results.stat().st_size))
     finally:
         proc.terminate()
     seen = [(sum(s["hits"].values()), s["statuses"], s["body_bytes"], size) for s, size in stats]
-    done = json.loads((folder / "ids.redrive" / "report.json").read_text())["refresh"]
+    report = json.loads((folder / "ids.redrive" / "report.json").read_text())
     ideal = count * opt.latency / opt.concurrency
     rows = [("ideal, each id asked once", f"{ideal:.2f} s (N x latency / concurrency)")]
     for label, run, now, before in (("night 1, every id fetched", runs[0], seen[0], (0, {}, 0, 0)),
                                     ("night 2, plain rerun", runs[1], seen[1], seen[0]),
-                                    ("night 2, --refresh", runs[2], seen[2], seen[1])):
+                                    ("night 2, --refresh", runs[2], seen[2], seen[1]),
+                                    ("night 3, --refresh, GitHub's quota of 2,000 an hour, no 304 counted",
+                                     runs[3], seen[3], seen[2])):
         rows.append((f"{label} (exit {run.code})",
                      f"wall {run.wall:.2f} s, {now[0] - before[0]} requests, {(now[2] - before[2]) / 1e6:.1f} MB of "
                      f"bodies, results.jsonl +{(now[3] - before[3]) / 1e6:.2f} MB, CPU {run.cpu:.2f} s"))
         show_error(run)
-    rows.append(("the refresh counted", ", ".join(f"{done[k]} {k}" for k in ("unchanged", "changed", "gone", "kept"))
-                 + f" of {done['due']}; the server's 304s: {seen[2][1].get('304', 0)}"))
+    rows.append(("night 3's refresh counted", ", ".join(f"{report['refresh'][k]} {k}" for k in
+                                                       ("unchanged", "changed", "gone", "kept", "left"))
+                 + f" of {report['refresh']['due']}; 304s: {seen[3][1].get('304', 0) - seen[2][1].get('304', 0)}; "
+                 f"403s: {seen[3][1].get('403', 0)}; quota left: {(report['quota'] or {}).get('remaining')}"))
     rows.append(refresh_planning(folder, 200_000))
     table(f"refresh: {count} ids, 2,000-byte bodies, {opt.latency * 1000:g} ms latency, concurrency "
           f"{opt.concurrency}", rows)

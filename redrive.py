@@ -1237,8 +1237,8 @@ class Quota:
     reset_at: float
     limit: Optional[float] = None
     remaining: float = 0.0  #: the least the server said is left in the window, as shown
-    share: float = 1.0  #: of what the quota spends, the share that is this run's (others may share the key)
-    sent: int = 0  #: requests of this run's the quota may count since its first declaration in the window
+    share: float = 1.0  #: requests this run may send per unit left: 1 / what the count falls by per answer
+    answered: int = 0  #: this run's answers that declared the window since its first declaration
     spent: float = 0.0  #: what the declared remaining fell by meanwhile, everyone's requests
 
     def pace(self, now: float, wanted: int) -> Optional[float]:
@@ -1253,9 +1253,10 @@ class Host:
 
     1. A declared quota is believed (see declared_quota): what is left, less what
        is in flight, is spread evenly up to its reset when the ids ready could
-       spend it, less others' share when the count falls faster than this run
-       spends it; at none left, nothing until the reset + QUOTA_MARGIN, then one
-       request until an answer declares the new window. The tightest bucket governs.
+       spend it, each unit worth 1 / (what the count falls by per answer) requests
+       (others on the key spend it too; some answers cost nothing); at none left,
+       nothing until the reset + QUOTA_MARGIN, then one request until an answer
+       declares the new window. The tightest bucket governs.
     2. Otherwise slow start: START_LIMIT in flight, SLOW_START_STEP more per answer,
        one less per refusal.
     3. A fresh refusal (429 or 503 of an id not refused for itself just before) is
@@ -1320,7 +1321,7 @@ class Host:
         self.probing = self.down_since is not None
         paces = [p for p in (self.rate(now), *(q.pace(now, len(self.ready)) for q in self.quotas.values())) if p]
         for quota in self.quotas.values():
-            quota.left, quota.sent = quota.left - 1, quota.sent + 1
+            quota.left -= 1
         if paces:
             self.next_slot = max(self.next_slot, now) + 1.0 / min(paces)
 
@@ -1393,18 +1394,20 @@ class Host:
             self.declared(now, declared)
 
     def declared(self, now: float, declared: Declared) -> None:
-        """A quota an answer declared. Other clients on the same key spend it
-        too: this run takes its share of what is left, the share its own
-        requests were of what the quota fell by in the window so far."""
+        """A quota an answer declared. What is left is worth as many requests
+        as the count falls by per answer of this run's in the window: more
+        than one when other clients spend the same key, less when some
+        answers cost nothing (GitHub counts no 304). The first answer is taken
+        to cost one, so a few answers move the measure little."""
         held, reset_at = self.quotas.get(declared.bucket), now + declared.reset
         quota = Quota(declared.remaining - self.inflight, reset_at, declared.limit, declared.remaining,
-                      held.share if held else 1.0, self.inflight)  # those in flight may not be counted yet
+                      held.share if held else 1.0)  # those in flight may not be counted yet
         if held is not None and abs(held.reset_at - reset_at) < 1.0:  # the same window (resets are in seconds)
             quota.reset_at = min(reset_at, held.reset_at)  # a reset in whole seconds is late by up to one
             quota.remaining = min(declared.remaining, held.remaining)  # an overtaken answer says more is left
-            quota.sent, quota.spent = held.sent, held.spent + held.remaining - quota.remaining
-            quota.share = min(1.0, quota.sent / quota.spent) if quota.spent >= 1 else held.share
-            quota.left = min(declared.remaining * quota.share - self.inflight, held.left)  # none from an overtaken answer
+            quota.answered, quota.spent = held.answered + 1, held.spent + held.remaining - quota.remaining
+            quota.share = (quota.answered + 1) / (quota.spent + 1)
+            quota.left = quota.remaining * quota.share - self.inflight
         self.quotas[declared.bucket] = quota
 
     def sampled(self) -> None:

@@ -2678,6 +2678,25 @@ class Window:
         return self.status, headers, self.body
 
 
+class Cheap(Window):
+    """A declared window (GitHub's headers) that counts only every `every`-th id's request: the
+    others cost nothing, as GitHub counts no 304 to a conditional request."""
+
+    def __init__(self, size, seconds, every):
+        super().__init__(size, seconds, False, "github")
+        self.every = every
+
+    def ideal(self, n):
+        return max(super().ideal(-(-n // self.every)), n * 0.02 / 32)  # the quota's windows, or the work
+
+    def __call__(self, item, n, now):
+        if item % self.every == 0:
+            return super().__call__(item, n, now)
+        end = (int(now // self.seconds) + 1) * self.seconds
+        used = self.used if int(now // self.seconds) == self.window else 0
+        return 200, declared_headers("github", self.size, self.size - used, end - now, WALL + end), b'{"ok":1}'
+
+
 def declared_headers(dialect, size, remaining, left, at):
     """A quota in one dialect's headers: `remaining` of `size`, renewed in `left` s (epoch `at`)."""
     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(math.ceil(at)))
@@ -2763,6 +2782,8 @@ LIMITERS = {
     "declared, OpenAI's headers": (Window(60, 2, False, "openai"), 400, 32, 1.02, 0.0),
     "declared, Anthropic's headers": (Window(60, 2, False, "anthropic"), 400, 32, 1.02, 0.0),
     "declared, Discord's headers": (Window(60, 2, False, "discord"), 400, 32, 1.02, 0.0),
+    "declared, GitHub's headers, 1 request in 20 counted": (Cheap(60, 2, 20), 6000, 32, 1.15, 0.0),
+    "declared, GitHub's headers, none counted": (Cheap(60, 2, 10 ** 9), 6000, 32, 1.05, 0.0),
     "GraphQL 200 RATE_LIMITED, nothing declared": (Window(60, 2, False, None, 200, GRAPHQL_LIMITED), 400, 32, 1.10, 0.25),
 }
 
