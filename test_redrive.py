@@ -1381,6 +1381,17 @@ def test_the_same_body_under_a_new_etag_is_unchanged_and_the_next_refresh_sends_
     assert seen == [("unchanged", 200, '"a2"'), ("unchanged", 304, None)]  # a 304 with the ETag sent adds none
 
 
+def test_a_validator_too_long_or_not_printable_is_neither_kept_nor_sent_back(server, tmp_path):
+    server.versions.update({"long": ('"' + "x" * 600 + '"', version("long", 1)),
+                            "odd": ('"a\tb"', version("odd", 1), "Tue, 01 Dec 2026 10:00:00 GMT\x7f")})
+    fake = FakeTime()
+    assert crawl(server, tmp_path, ["long", "odd"], fake=fake)[0] == ExitCode.OK
+    assert all("etag" not in r and "last_modified" not in r for r in state(tmp_path, "results.jsonl"))
+    fake.now += 60
+    assert crawl(server, tmp_path, ["long", "odd"], "--refresh", fake=fake)[0] == ExitCode.OK
+    assert [(match, since) for _, match, since in asked(server)][2:] == [(None, None), (None, None)]
+
+
 def test_a_304_to_a_request_that_sent_no_validator_is_retried_then_unavailable_never_done(server, tmp_path):
     server.replies["x"] = [304]
     code, err, _ = crawl(server, tmp_path, ["x"], "--tries", "2", "--passes", "1")
@@ -3349,6 +3360,26 @@ def test_a_late_second_answer_on_a_kept_open_connection_never_puts_one_ids_body_
     # so that request's own answer, still on its way, is never read as the request after's
     assert sorted(r["id"] for r in results) == sorted(ids)
     assert all(r["body"] == {"id": r["id"]} for r in results)
+
+
+def test_a_304_that_carries_a_body_at_once_or_late_never_shifts_a_body_and_every_refresh_ends(raw_server, tmp_path):
+    def tagged(item, hit):  # first a 200 with an ETag; then 304s that carry the body anyway, as some proxies do
+        body = json.dumps({"id": item}).encode()
+        if hit == 1:
+            return [answer(200, body, [("Content-Type", "application/json"), ("ETag", f'"{item}"')])]
+        head = answer(304, b"", [("ETag", f'"{item}"'), ("Content-Length", str(len(body)))])
+        return [head + body] if item.startswith("now") else [head, ("sleep", 0.02), body]
+    ids = [f"{kind}{n}" for n in range(12) for kind in ("now", "late")]
+    raw_server.replies.update({item: [tagged] for item in ids})
+    fake = FakeTime()
+    assert crawl(raw_server, tmp_path, ids, "--concurrency", "2", fake=fake)[0] == ExitCode.OK
+    fake.now += 60
+    code, err, _ = crawl(raw_server, tmp_path, ids, "--refresh", "--concurrency", "2", "--backoff", "0", "--tries", "10",
+                         fake=fake)
+    assert code == ExitCode.OK, err
+    assert [r["id"] for r in state(tmp_path, "results.jsonl")] == state(tmp_path, "done.txt")  # no new line
+    assert all(r["body"] == {"id": r["id"]} for r in state(tmp_path, "results.jsonl"))
+    assert {r["id"]: r["result"] for r in state(tmp_path, "refreshed.jsonl")} == {i: "unchanged" for i in ids}
 
 
 def test_require_with_the_id_retries_a_body_that_is_another_ids_and_never_stores_it(raw_server, tmp_path):
