@@ -284,7 +284,8 @@ class ExitCode(IntEnum):
 #: What each exit code tells a script or a cron job: --help ends with these.
 EXIT_MEANINGS = {
     ExitCode.OK: "every id settled: done, or confirmed unavailable",
-    ExitCode.INCOMPLETE: "some ids pending or failed (--max-time, a later pass, a long wait): rerun",
+    ExitCode.INCOMPLETE: "some ids pending or failed (--max-time, a later pass, a long wait), or a refresh not "
+                         "over: rerun",
     ExitCode.USAGE: "bad command line, input or state: one line says what and how to fix it",
     ExitCode.FATAL: "halted: a fatal answer (401, 402), or every first answer failed alike",
     ExitCode.UNREACHABLE: "the API's host stayed unreachable; nothing marked failed: rerun later",
