@@ -468,13 +468,15 @@ class Outcome:
 
 class Prior(NamedTuple):
     """What a refresh knows of a done id's stored result: the validators it
-    asks with, and a digest of the body, which tells a 200 that brings the
-    same body (a server that ignores validators) from a change. A tuple: a
-    refresh holds one for each done id."""
+    asks with (its result line's, or newer ones a refresh was answered with),
+    those of its result line, and a digest of the body, which tells a 200
+    that brings the same body (a server that ignores validators) from a
+    change. A tuple: a refresh holds one for each done id."""
 
     etag: Optional[str] = None
     last_modified: Optional[str] = None
     digest: Optional[bytes] = None
+    stored: tuple = (None, None)  #: (etag, last_modified) of the result line
 
     def headers(self) -> tuple:
         """The conditional request's headers (RFC 9110 13.1)."""
@@ -2022,6 +2024,17 @@ def listed_done(state_dir: Path, item_id: str) -> bool:
     return bool(read_done(state_dir, lambda path: any(item_id in lines for lines in done_lines(path))))
 
 
+def unlisted(state: State, ledger: Ledger, item_id: str) -> bool:
+    """Is item_id missing from done.txt? A run's state.undone holds the input
+    ids with no done line (and those gone upstream, which have one); any
+    other id is looked for in done.txt."""
+    if state.undone is None:
+        return item_id not in state.done
+    if item_id in state.undone and item_id not in state.gone:
+        return True
+    return not listed_done(ledger.dir, item_id)
+
+
 def complete_lost_done(state: State, ledger: Ledger) -> None:
     """A kill between a result line and its done line: finish the pair. (The
     last result may be a refresh's, or of an id that came back: listed already.)"""
@@ -2036,10 +2049,7 @@ def complete_lost_done(state: State, ledger: Ledger) -> None:
         raise RedriveError(f"{ledger.dir / 'results.jsonl'}: last line is not a redrive record; move the file away")
     item_id = record["id"]
     done_tail = last_line(ledger.dir / "done.txt")
-    unlisted = item_id in state.undone and item_id not in state.gone if state.undone is not None else \
-        item_id not in state.done
-    if (done_tail is None or done_tail.decode("utf-8", "replace") != item_id) and \
-            (unlisted or state.undone is not None and not listed_done(ledger.dir, item_id)):
+    if (done_tail is None or done_tail.decode("utf-8", "replace") != item_id) and unlisted(state, ledger, item_id):
         ledger.append("done.txt", item_id)
         state.done.add(item_id)
         if state.undone is not None:
@@ -2254,7 +2264,8 @@ def result_heads(path: Path, wanted: set) -> dict:
             if head is None or record_problem("results.jsonl", head):
                 head = checked_record(path, number, line)
             if head["id"] in wanted:
-                heads[head["id"]] = (head["fetched_at"], Prior(head.get("etag"), head.get("last_modified"), digest))
+                stored = (head.get("etag"), head.get("last_modified"))
+                heads[head["id"]] = (head["fetched_at"], Prior(*stored, digest, stored))
     return heads
 
 
@@ -2281,8 +2292,9 @@ def refresh_due(done: list, heads: dict, refreshed: dict, before: str) -> list:
         last = refreshed.get(item_id)
         if last is not None and last["at"] > fetched:
             fetched = last["at"]
-            if last["result"] == "unchanged" and (last.get("etag") or last.get("last_modified")):
-                prior = Prior(last.get("etag"), last.get("last_modified"), prior.digest)
+            if last["result"] == "unchanged":
+                prior = prior._replace(etag=last.get("etag", prior.etag),
+                                       last_modified=last.get("last_modified", prior.last_modified))
         if fetched < before:
             due.append((item_id, prior))
     return due
@@ -3174,9 +3186,9 @@ class Books:
             self.ledger.append("results.jsonl", self.result_line(item, out))
         record = {"id": item.id, "at": iso(self.wallclock()), "result": "unchanged" if same else "changed",
                   "status": out.status}
-        if same:  # new validators for the same body: the next refresh sends these
-            record.update({k: getattr(out, k) for k in ("etag", "last_modified")
-                           if getattr(out, k) and getattr(out, k) != getattr(item.prior, k)})
+        in_force = (out.etag or item.prior.etag, out.last_modified or item.prior.last_modified)
+        if same and in_force != item.prior.stored:  # the next refresh sends these: the last line of an id says them
+            record.update({k: v for k, v in zip(("etag", "last_modified"), in_force) if v})
         self.note_refresh(item, record)
 
     def note_refresh(self, item: Item, record: dict) -> None:

@@ -1372,13 +1372,20 @@ def test_the_same_body_under_a_new_etag_is_unchanged_and_the_next_refresh_sends_
     crawl(server, tmp_path, ["a"], fake=fake)
     server.versions["a"] = ('"a2"', version("a", 1))  # re-encoded upstream: a new ETag, the same bytes
     seen = []
-    for _ in range(2):
+    for _ in range(3):
         fake.now += 60
         assert crawl(server, tmp_path, ["a"], "--refresh", fake=fake)[0] == ExitCode.OK
         seen += [(r["result"], r["status"], r.get("etag")) for r in state(tmp_path, "refreshed.jsonl")]
-    assert [match for _, match, _ in asked(server)] == [None, '"a1"', '"a2"']
+    assert [match for _, match, _ in asked(server)] == [None, '"a1"', '"a2"', '"a2"']  # the new one, each time after
     assert len(state(tmp_path, "results.jsonl")) == 1  # no new line for the same body
-    assert seen == [("unchanged", 200, '"a2"'), ("unchanged", 304, None)]  # a 304 with the ETag sent adds none
+    assert seen == [("unchanged", 200, '"a2"'), ("unchanged", 304, '"a2"'), ("unchanged", 304, '"a2"')]
+    server.versions["a"] = ('"a2"', version("a", 1), "Tue, 01 Dec 2026 10:00:00 GMT")  # a Last-Modified too
+    fake.now += 60
+    crawl(server, tmp_path, ["a"], "--refresh", fake=fake)
+    assert latest(tmp_path, "refreshed.jsonl")["a"]["last_modified"] == "Tue, 01 Dec 2026 10:00:00 GMT"
+    fake.now += 60
+    crawl(server, tmp_path, ["a"], "--refresh", fake=fake)
+    assert asked(server)[-1] == ("a", '"a2"', "Tue, 01 Dec 2026 10:00:00 GMT")  # both kept, neither dropped
 
 
 def test_a_validator_too_long_or_not_printable_is_neither_kept_nor_sent_back(server, tmp_path):
