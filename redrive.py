@@ -2007,8 +2007,8 @@ def take_back_gone(state: State, ids: list, state_dir: Path, before: Optional[st
     done (state.undone; state.gone). Returns the refresh's (id, Prior) due
     before `before` (none without a refresh). Only then, or when some done
     id has an unavailable record, is results.jsonl read."""
-    done = [i for i in ids if i not in state.undone]
-    candidates = [i for i in done if i in state.unavailable]
+    candidates = [i for i in state.unavailable if i not in state.undone]  # done, or not in the input
+    done = [i for i in ids if i not in state.undone] if before else []
     wanted = set(done) if before else set(candidates)
     heads = result_heads(state_dir / "results.jsonl", wanted) if wanted else {}
     state.gone = gone_upstream(candidates, state.unavailable, heads)
@@ -2270,9 +2270,10 @@ def result_heads(path: Path, wanted: set) -> dict:
 
 
 def gone_upstream(candidates: Iterable, unavailable: dict, heads: dict) -> set:
-    """The done ids whose unavailable record is newer than their last result:
-    a refresh found them removed upstream (the later verdict wins)."""
-    return {i for i in candidates if unavailable[i]["at"] > heads.get(i, ("",))[0]}
+    """The done ids whose unavailable record is newer than their last result
+    (heads: id -> (fetched_at, ...)): a refresh found them removed upstream
+    (the later verdict wins)."""
+    return {i for i in candidates if i in heads and unavailable[i]["at"] > heads[i][0]}
 
 
 def latest_records(path: Path) -> dict:
