@@ -1927,6 +1927,11 @@ def read_records(path: Path) -> Iterable[dict]:
             yield checked_record(path, number, line)
 
 
+def latest_records(path: Path) -> dict:
+    """id -> the last record of a ledger."""
+    return {record["id"]: record for record in read_records(path)}
+
+
 def checked_record(path: Path, number: int, line: bytes) -> dict:
     """Line `number` of a ledger as its record, checked as a whole: else a user error naming the line."""
     try:
@@ -1958,10 +1963,8 @@ def load_state(state_dir: Path, repair: bool = True, undone: Optional[set] = Non
         read_done(state_dir, lambda path: cut_done(path, undone))
     elif done:
         state.done = set(read_done(state_dir, done_in_order) or ())
-    for record in read_records(state_dir / "failed.jsonl"):
-        state.failed[record["id"]] = record
-    for record in read_records(state_dir / "unavailable.jsonl"):
-        state.unavailable[record["id"]] = record
+    state.failed = latest_records(state_dir / "failed.jsonl")
+    state.unavailable = latest_records(state_dir / "unavailable.jsonl")
     return state
 
 
@@ -2274,11 +2277,6 @@ def gone_upstream(candidates: Iterable, unavailable: dict, heads: dict) -> set:
     (heads: id -> (fetched_at, ...)): a refresh found them removed upstream
     (the later verdict wins)."""
     return {i for i in candidates if i in heads and unavailable[i]["at"] > heads[i][0]}
-
-
-def latest_records(path: Path) -> dict:
-    """id -> the last record of a ledger."""
-    return {record["id"]: record for record in read_records(path)}
 
 
 def refresh_due(done: list, heads: dict, refreshed: dict, before: str) -> list:
@@ -4066,11 +4064,8 @@ def check(ids_file: Path, state_dir: Path, quiet: bool, out, shard: Optional[tup
 
 def unfinished_refresh(state_dir: Path) -> Optional[str]:
     """The cut-off of a refresh run.json keeps (one not over yet), or None."""
-    try:
-        refresh = json.loads((state_dir / "run.json").read_text(encoding="utf-8")).get("refresh")
-        return refresh["before"] if _when(refresh["before"]) else None
-    except (OSError, ValueError, AttributeError, TypeError, KeyError):
-        return None
+    refresh = (run_json(state_dir) or {}).get("refresh")
+    return refresh.get("before") if isinstance(refresh, dict) and _when(refresh.get("before")) else None
 
 
 def reconcile(state_dir: Path, state: State, undone: set) -> tuple:
@@ -4219,9 +4214,9 @@ def export(args, state_dir: Path, out) -> ExitCode:
     with open(path if path.is_file() else os.devnull, "rb") as fh:
         for offset, line in iter_lines(fh):
             record = checked_record(path, 0, line)
-            offsets[record["id"]], fetched[record["id"]] = offset, record["fetched_at"]  # the last line wins
+            offsets[record["id"]], fetched[record["id"]] = offset, (record["fetched_at"],)  # the last line wins
         unavailable = latest_records(state_dir / "unavailable.jsonl")
-        done -= gone_upstream((i for i in unavailable if i in done), unavailable, {i: (t,) for i, t in fetched.items()})
+        done -= gone_upstream((i for i in unavailable if i in done), unavailable, fetched)
         fields = [f for f in (args.fields or "id,status,fetched_at").split(",") if f]
         writer = csv.writer(out, lineterminator="\n") if args.export == "csv" else None
         if writer:
@@ -4614,11 +4609,20 @@ def default_state_dir(args) -> Path:
 
 def shard_of(state_dir: Path):
     """The shard run.json keeps (None: none recorded; False: no run.json that says)."""
-    try:
-        shard = json.loads((state_dir / "run.json").read_text(encoding="utf-8")).get("shard")
-    except (OSError, ValueError, AttributeError):
+    record = run_json(state_dir)
+    if record is None:
         return False
-    return tuple(shard) if isinstance(shard, list) else None
+    return tuple(record["shard"]) if isinstance(record.get("shard"), list) else None
+
+
+def run_json(state_dir: Path) -> Optional[dict]:
+    """STATE_DIR/run.json read leniently, for a look that must not fail (--check, the shard's dir): None
+    when there is none, or it is no JSON object (a run says why: see read_run_record)."""
+    try:
+        record = json.loads((state_dir / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def config_from_args(args, environ, record: Optional[dict]) -> Config:
