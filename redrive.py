@@ -494,6 +494,7 @@ class Item:
     host: str = ""  #: the origin it is sent to: throttles and caps are per host
     sent: float = -1.0  #: when its last request started (-1: never, in this pass)
     refused: bool = False  #: its last answer was a refusal of its own: a new one is no fresh sign (see Host)
+    throttles: int = 0  #: its refusals in a row (see Settler._throttled)
     turned_away: bool = False  #: refused by the host, or timed out: it goes behind the ids ready
     timed_out: bool = False  #: an attempt of it timed out before: a slow item, no sign of a host gone silent
     prior: Optional[Prior] = None  #: a done id being refreshed: its stored result's validators
@@ -1216,12 +1217,16 @@ SHARE_SIGMAS = 2.0
 #: CUBIC's two constants (RFC 9438), its window counted in requests a second:
 #: the cut to BETA x W_max, and the curve's scale.
 BETA = 0.7
-CUBIC_C = 0.4
+CUBIC_C = 30.0
 
 #: A host that refuses everything, with no Retry-After, is probed one request
 #: at a time after this share of the time it has refused so far: its window's
 #: end is found late by that share at most.
 PROBE_SHARE = 0.25
+
+#: An id refused this many times in a row, the last among answers the host
+#: took, is refused for itself, whatever the refusal says (see Settler._throttled).
+OWN_REFUSALS = 3
 
 #: Slack after a declared reset, for two clocks a little apart.
 QUOTA_MARGIN = 0.1
@@ -1289,9 +1294,11 @@ class Host:
     recent: deque = field(default_factory=deque)  #: (time, fresh refusal, taken, sent) of its last answers
     w_max: Optional[float] = None  #: the pace taken at the last cut (None: never cut)
     cut_at: float = -math.inf
+    k: float = 1.0  #: seconds from a cut back to W_max
     last_ok: float = -math.inf  #: its last answer that was no refusal
     refusing_since: Optional[float] = None  #: refusing everything since (see 5)
     in_a_row: int = 0  #: its refusals since its last answer that was none
+    refused_at: float = -math.inf  #: its last refusal of any kind
     sample: Optional[list] = None  #: answers and fresh refusals since a cut (and the cuts after it), until N
     below: list = field(default_factory=lambda: [0, 0])  #: the same, summed over every sample completed
     quotas: dict = field(default_factory=dict)  #: bucket -> Quota
@@ -1305,8 +1312,8 @@ class Host:
         """The CUBIC rate at `now`, req/s (None: the host was never cut)."""
         if self.w_max is None:
             return None
-        k = (self.w_max * (1.0 - BETA) / CUBIC_C) ** (1.0 / 3.0)
-        return max(CUBIC_C * (now - self.cut_at - k) ** 3 + self.w_max, 1.0 / self.longest)  # BETA x W_max at the cut
+        k = self.k
+        return max(self.w_max * (1.0 - BETA) / k ** 3 * (now - self.cut_at - k) ** 3 + self.w_max, 1.0 / self.longest)
 
     def opens_at(self, now: float) -> Optional[float]:
         """When the gate lets the next request through: now, later, or None (full)."""
@@ -1345,7 +1352,8 @@ class Host:
         said); `fresh`: the id's last answer was no refusal of its own; `said`: the answer
         says it is a rate limit. True when it is the host's (see 3)."""
         self.answered(now, sent, declared, fresh=fresh, taken=False)
-        spent = declared is not None and declared.remaining < 1
+        self.refused_at = now
+        spent = declared is not None and declared.remaining < 1 and declared.reset > 0  # a reset now or past: a plain refusal
         refusing = self.last_ok < self.cut_at  # nothing taken since the cut: it refuses everything (see 5)
         if not (said or spent or refusing or sent <= self.cut_at or fresh and self.over_background()):
             if self.w_max is None:  # slow start: a refused slot is not filled again, whoever's the refusal
@@ -1361,18 +1369,19 @@ class Host:
             probe = min(max(PROBE_SHARE * (now - self.refusing_since), 1.0 / self.rate(now)), self.longest)
             self.pause(now, probe if wait is None else wait)
         else:
-            self.cut(now)
+            self.cut(now, sent)
         return True
 
     def pause(self, now: float, wait: Optional[float]) -> None:
         if wait is not None:
             self.paused_until = max(self.paused_until, now + wait)
 
-    def cut(self, now: float) -> None:
-        """W_max to the pace the host took; the rate to BETA x W_max (see 4)."""
+    def cut(self, now: float, sent: float) -> None:
+        """W_max to the pace the refused request was sent at; unpaced, to the pace the host took (see 4)."""
         self.w_max = min(self.taken(now, self.recent[max(0, len(self.recent) - SHARE_ANSWERS)][0]),
                          self.taken(now, now - RATE_SPAN))
         self.cut_at, self.sample = now, self.sample or [0, 0]  # cuts in a row share one sample (see 4)
+        self.k = max(CUBIC_C / self.w_max, RATE_SPAN)
         self.next_slot = max(self.next_slot, now + 1.0 / self.rate(now))
 
     def taken(self, now: float, since: float) -> float:
@@ -2852,13 +2861,15 @@ def validators(headers) -> dict:
 #: How a 403 or a GraphQL error says it is a rate limit (GitHub: "API rate
 #: limit exceeded", "secondary rate limit"; Shopify: "Throttled").
 RATE_LIMIT_TEXT = re.compile(r"rate[ _-]?limit|throttl", re.I)
+URL_TEXT = re.compile(r"[a-z][a-z0-9+.-]*://[^\s\"'<>]*", re.I)
 
 
 def rate_limit_sign(raw: bytes, resp: requests.Response, wait: Optional[float], quota: Optional[Declared]) -> bool:
     """Is a 403 a rate limit, not a refusal of permission? It is when it
     declares none left, asks to wait, or says so in its body."""
     spent = quota is not None and quota.remaining < 1
-    return spent or wait is not None or bool(RATE_LIMIT_TEXT.search(decode(raw[:ERROR_BODY_BYTES], resp)[0]))
+    text = URL_TEXT.sub(" ", decode(raw[:ERROR_BODY_BYTES], resp)[0])  # a link to the rate-limit docs says nothing
+    return spent or wait is not None or bool(RATE_LIMIT_TEXT.search(text))
 
 
 def graphql_limited(text: str) -> bool:
@@ -2982,6 +2993,7 @@ class Tally:
     crash: Optional[dict] = None  #: stop "crash": the id, the error, when, and its traceback
     misconfigured: Optional[dict] = None  #: stop "misconfigured": the sign, one id, how many answers
     quota: Optional[dict] = None  #: the tightest quota a host declared, at the run's end (see quota_view)
+    throttled: Optional[dict] = None  #: a host took nothing for longer than --max-backoff: host, since
     refresh: Counter = field(default_factory=Counter)  #: refreshed ids by result (see REFRESH_RESULTS)
     kept: list = field(default_factory=list)  #: the refreshed.jsonl records of ids whose refresh failed
 
@@ -3396,7 +3408,7 @@ class Settler:
             self.timeline.quoted.add(item.host)
         if out.throttle:  # 429, 503 (unless --skip or --fatal names it), or a rate limit said
             return self._throttled(host, item, out, now)
-        item.refused = False
+        item.refused, item.throttles = False, 0
         if out.status is not None:
             host.succeeded(now, item.sent, out.quota)  # a 404 or a 500 is no "slow down" either
         else:
@@ -3407,16 +3419,31 @@ class Settler:
         """A refusal. The host's costs the id no try: it goes first again
         once the gate opens, or, asked to wait past --max-backoff by a
         declared quota, stays pending until its reset (the run then ends:
-        see Timekeeper). A host that has refused everything for longer than
-        --max-backoff counts against the ids again, as any failure would."""
-        cap = self.cfg.max_backoff
-        if out.said and out.retry_after is None and out.status == 403:  # see SECONDARY_WAIT
-            out.retry_after = SECONDARY_WAIT * 2.0 ** min(host.in_a_row, 16)
-        spent = out.quota is not None and out.quota.remaining < 1
+        see Timekeeper). A host that has taken nothing for longer than
+        --max-backoff is paused beyond the run's reach: the run ends with its
+        ids pending (exit 1). An id refused OWN_REFUSALS times in a row, the
+        last while the host's answer before it was a take, is refused for
+        itself: a 403 is its permission answer, any other refusal spends a
+        try, so no refusal of one id goes on for ever."""
+        cap, item.throttles = self.cfg.max_backoff, item.throttles + 1
+        if item.throttles >= OWN_REFUSALS and host.last_ok > host.refused_at:  # refused alone among takes
+            host.throttled(now, item.sent, None, fresh=False)
+            out.throttle = False
+            if out.status == 403:
+                out.bucket = classify_status(403, self.cfg)
+            return False
+        if out.said and out.retry_after is None and out.status == 403:  # see SECONDARY_WAIT: doubled per id
+            out.retry_after = SECONDARY_WAIT * 2.0 ** min(item.throttles - 1, 16)
+        spent = out.quota is not None and out.quota.remaining < 1 and out.quota.reset > 0
         hosts = host.throttled(now, item.sent, out.retry_after, fresh=not item.refused, said=out.said,
                                declared=out.quota)
         item.refused = not hosts  # its own trouble: its next refusal is no fresh sign of the host's
-        return hosts and (spent or (out.retry_after or 0.0) <= cap) and host.refusing_for(now) <= cap
+        if hosts and host.refusing_for(now) > cap and not self.tally.throttled:
+            self.tally.throttled = {"host": shown_host(build_url(self.cfg.request.url, item.id)),
+                                    "since": iso(self.fx.wallclock() - host.refusing_for(now))}
+        if hosts and host.refusing_for(now) > cap:  # nothing taken for longer than --max-backoff
+            host.pause(now, max(2 * cap, self.cfg.cooldown) + 1.0)
+        return hosts and (spent or (out.retry_after or 0.0) <= cap)
 
     def _unreachable(self, host: Host, out: Outcome, now: float) -> bool:
         """When every id goes to one host, that host being unreachable means the
@@ -3562,16 +3589,10 @@ class Batch:
         try:
             while True:
                 with self.lock:
-                    if self.failure:
-                        raise self.failure
-                    if not self.keeper.tend():
-                        break
-                    if not self.tally.stop:
-                        self._hand_out()
-                    timeout = self.keeper.timeout()
-                    self.wakes_at = self.fx.clock() + bounded_wait(timeout)
-                    idle = not self.timeline.inflight
-                    dirty = self.ledger.due_files(idle)
+                    look = self.look()
+                if look is None:
+                    break
+                timeout, idle, dirty = look
                 if dirty:
                     self.flushes.put(dirty)
                 (self.sleep if idle else self.wake.wait)(timeout)
@@ -3594,6 +3615,21 @@ class Batch:
         if self.failure:
             raise self.failure  # the last fsync failed
         return self.tally
+
+    def look(self) -> Optional[tuple]:
+        """One look of the main thread, the lock held: tend the run, hand out
+        what may start. None: the run is over; else (how long it may wait,
+        whether nothing is in flight, the state files due for an fsync)."""
+        if self.failure:
+            raise self.failure
+        if not self.keeper.tend():
+            return None
+        if not self.tally.stop:
+            self._hand_out()
+        timeout = self.keeper.timeout()
+        self.wakes_at = self.fx.clock() + bounded_wait(timeout)
+        idle = not self.timeline.inflight
+        return timeout, idle, self.ledger.due_files(idle)
 
     def _keep_time(self) -> None:
         """Requests are paced from now on: threads switch every SWITCH_INTERVAL
@@ -3999,6 +4035,9 @@ def stop_lines(tally: Tally, cfg: Config, redact: Redactor) -> list:
         of = f"/{quota['limit']}" if quota["limit"] is not None else ""
         return [f"redrive: the API's quota is spent ({quota['remaining']}{of} left); it resets at "
                 f"{quota['resets_at'][11:16]} UTC ({quota['resets_at']}), past --max-backoff: rerun then"]
+    if tally.stop is Stop.LATER and tally.throttled:
+        return [f"redrive: {tally.throttled['host']} has refused every request since {tally.throttled['since']}, "
+                f"longer than --max-backoff; no try was spent: rerun the same command after {iso(tally.due)}"]
     if tally.stop is Stop.LATER:
         return [f"redrive: nothing is due before {iso(tally.due)}, beyond this run's reach "
                 f"(--max-backoff, --cooldown{', --max-time' if cfg.max_time else ''}); "
