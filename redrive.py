@@ -495,6 +495,8 @@ class Item:
     sent: float = -1.0  #: when its last request started (-1: never, in this pass)
     refused: bool = False  #: its last answer was a refusal of its own: a new one is no fresh sign (see Host)
     throttles: int = 0  #: its refusals in a row (see Settler._throttled)
+    streak: tuple = (0, 0)  #: its host's (takes, refusals) at the first of them
+    own: bool = False  #: its refusals were found its own: they spend tries, in later passes too
     turned_away: bool = False  #: refused by the host, or timed out: it goes behind the ids ready
     timed_out: bool = False  #: an attempt of it timed out before: a slow item, no sign of a host gone silent
     prior: Optional[Prior] = None  #: a done id being refreshed: its stored result's validators
@@ -930,7 +932,8 @@ def recommend(bucket: Bucket, status: Optional[int], cause: Cause, reason: str, 
         return f"{status} is not retried: check {item} upstream, or add {status} to --retry"
     after = f"after {passes} pass{'es' if passes != 1 else ''}"
     if status == 429 or cause is Cause.THROTTLED:
-        return f"host still throttling {after}: lower --rate or --concurrency, then rerun with --retry-unavailable"
+        return f"refused for itself {after} while the host took others: check {item} upstream, " \
+               "or rerun later with --retry-unavailable"
     if cause is Cause.TIMEOUT:
         return f"still timing out {after}: raise --timeout, or rerun later with --retry-unavailable"
     if cause is Cause.BAD_BODY:
@@ -1224,8 +1227,8 @@ CUBIC_C = 30.0
 #: end is found late by that share at most.
 PROBE_SHARE = 0.25
 
-#: An id refused this many times in a row, the last among answers the host
-#: took, is refused for itself, whatever the refusal says (see Settler._throttled).
+#: An id refused this many times in a row while its host took others and
+#: refused no other is refused for itself, whatever the refusal says.
 OWN_REFUSALS = 3
 
 #: Slack after a declared reset, for two clocks a little apart.
@@ -1298,7 +1301,8 @@ class Host:
     last_ok: float = -math.inf  #: its last answer that was no refusal
     refusing_since: Optional[float] = None  #: refusing everything since (see 5)
     in_a_row: int = 0  #: its refusals since its last answer that was none
-    refused_at: float = -math.inf  #: its last refusal of any kind
+    takes: int = 0  #: its answers that were no refusal
+    refusals: int = 0  #: its refusals of any kind
     sample: Optional[list] = None  #: answers and fresh refusals since a cut (and the cuts after it), until N
     below: list = field(default_factory=lambda: [0, 0])  #: the same, summed over every sample completed
     quotas: dict = field(default_factory=dict)  #: bucket -> Quota
@@ -1338,7 +1342,7 @@ class Host:
     def succeeded(self, now: float, sent: float, declared: Optional[Declared] = None) -> None:
         """Any answer but a refusal (a 404 or a 500 says nothing of pace)."""
         self.answered(now, sent, declared, fresh=False, taken=True)
-        self.last_ok, self.refusing_since, self.in_a_row = now, None, 0
+        self.last_ok, self.refusing_since, self.in_a_row, self.takes = now, None, 0, self.takes + 1
         if self.w_max is None:
             self.limit = min(self.cap, self.limit + SLOW_START_STEP)
 
@@ -1352,7 +1356,7 @@ class Host:
         said); `fresh`: the id's last answer was no refusal of its own; `said`: the answer
         says it is a rate limit. True when it is the host's (see 3)."""
         self.answered(now, sent, declared, fresh=fresh, taken=False)
-        self.refused_at = now
+        self.refusals += 1
         spent = declared is not None and declared.remaining < 1 and declared.reset > 0  # a reset now or past: a plain refusal
         refusing = self.last_ok < self.cut_at  # nothing taken since the cut: it refuses everything (see 5)
         if not (said or spent or refusing or sent <= self.cut_at or fresh and self.over_background()):
@@ -1452,8 +1456,9 @@ class Host:
         return min(live, key=lambda bq: bq[1].left, default=None)
 
     def forgettable(self, now: float) -> bool:
-        """Idle and as a new host would be: nothing is lost by dropping it."""
-        return not (self.ready or self.inflight or self.w_max or self.quotas or self.unreached) and \
+        """Idle and as a new host would be (never refused: an id's refusals are judged by its counts):
+        nothing is lost by dropping it."""
+        return not (self.ready or self.inflight or self.w_max or self.quotas or self.unreached or self.refusals) and \
             self.paused_until <= now
 
     def reached(self, now: float) -> None:
@@ -3421,12 +3426,16 @@ class Settler:
         declared quota, stays pending until its reset (the run then ends:
         see Timekeeper). A host that has taken nothing for longer than
         --max-backoff is paused beyond the run's reach: the run ends with its
-        ids pending (exit 1). An id refused OWN_REFUSALS times in a row, the
-        last while the host's answer before it was a take, is refused for
-        itself: a 403 is its permission answer, any other refusal spends a
-        try, so no refusal of one id goes on for ever."""
+        ids pending (exit 1). An id refused OWN_REFUSALS times in a row while
+        the host took others and refused no other is refused for itself: a
+        403 is its permission answer, any other refusal spends a try, so no
+        refusal of one id goes on for ever."""
         cap, item.throttles = self.cfg.max_backoff, item.throttles + 1
-        if item.throttles >= OWN_REFUSALS and host.last_ok > host.refused_at:  # refused alone among takes
+        if item.throttles == 1:
+            item.streak = (host.takes, host.refusals)
+        item.own = item.own or item.throttles >= OWN_REFUSALS and host.takes > item.streak[0] and \
+            host.refusals - item.streak[1] == item.throttles - 1  # since its first, refused alone among takes
+        if item.own:
             host.throttled(now, item.sent, None, fresh=False)
             out.throttle = False
             if out.status == 403:
@@ -3480,7 +3489,7 @@ class Settler:
             self.books.failed(item, step)
             if step.move is Move.FAIL:
                 self.schedule(Item(item.id, item.pass_no + 1, timed_out=item.timed_out, prior=item.prior,
-                                   listed=item.listed), self.fx.clock() + step.wait)
+                                   listed=item.listed, own=item.own), self.fx.clock() + step.wait)
         elif step.move is Move.UNAVAILABLE:
             self.books.unavailable(item, step.outcome)
         return f"retry in {duration(step.wait)}" if step.move is Move.RETRY else step.move.value
@@ -4031,13 +4040,13 @@ def stop_lines(tally: Tally, cfg: Config, redact: Redactor) -> list:
         return [f"redrive: stopped: {down}, {tally.down['probes']} probes failed",
                 "  nothing was marked failed; rerun the same command once it is back"]
     quota = tally.quota
+    if tally.stop is Stop.LATER and tally.throttled:
+        return [f"redrive: {tally.throttled['host']} has refused every request since {tally.throttled['since']}, "
+                f"longer than --max-backoff; no try was spent: rerun the same command after {iso(tally.due)}"]
     if tally.stop is Stop.LATER and quota and quota["remaining"] < 1 and tally.due >= parse_iso(quota["resets_at"]):
         of = f"/{quota['limit']}" if quota["limit"] is not None else ""
         return [f"redrive: the API's quota is spent ({quota['remaining']}{of} left); it resets at "
                 f"{quota['resets_at'][11:16]} UTC ({quota['resets_at']}), past --max-backoff: rerun then"]
-    if tally.stop is Stop.LATER and tally.throttled:
-        return [f"redrive: {tally.throttled['host']} has refused every request since {tally.throttled['since']}, "
-                f"longer than --max-backoff; no try was spent: rerun the same command after {iso(tally.due)}"]
     if tally.stop is Stop.LATER:
         return [f"redrive: nothing is due before {iso(tally.due)}, beyond this run's reach "
                 f"(--max-backoff, --cooldown{', --max-time' if cfg.max_time else ''}); "

@@ -2536,7 +2536,7 @@ def test_summary_groups_the_residue_by_reason_with_one_action_each(server, tmp_p
     code, err, _ = crawl(server, tmp_path, ["g1", "g2", "t", "ok"], "--tries", "1", "--cooldown", "0")
     assert code == ExitCode.OK
     assert "  2 x 404 Not Found: removed upstream (404): drop them from the input list" in err
-    assert "  1 x 429 Too Many Requests: host still throttling after 2 passes: lower --rate" in err
+    assert "  1 x 429 Too Many Requests: refused for itself after 2 passes while the host took others" in err
     report = json.loads((tmp_path / "ids.redrive" / "report.json").read_text())
     assert [(g["reason"], g["count"]) for g in report["reasons"]] == [("404 Not Found", 2),
                                                                       ("429 Too Many Requests", 1)]
@@ -2900,7 +2900,7 @@ LIMITERS = {
     'token bucket 2/s, burst 5, Retry-After': (TokenBucket(2, 5), 125, 32, 1.1, 0.23),
     'window 4 per 2 s, Retry-After': (Window(4, 2), 120, 32, 1.71, 0.18),
     'window 120 a minute, none': (Window(120, 60, retry_after=False), 300, 32, 1.14, 0.36),
-    'sliding log 20 per 10 s': (SlidingLog(20, 10), 120, 32, 1.4, 0.46),
+    'sliding log 20 per 10 s': (SlidingLog(20, 10), 120, 32, 1.65, 0.43),
     'leaky 5/s, no burst': (Leaky(5, 0), 300, 32, 1.65, 0.14),
     'leaky 5/s, no burst, 503': (Leaky(5, 0, status=503), 300, 32, 1.65, 0.14),
     'leaky 5/s, burst 5': (Leaky(5, 5), 305, 32, 1.07, 0.16),
@@ -3071,6 +3071,50 @@ def test_a_403_that_says_it_is_a_rate_limit_is_retried_and_one_that_does_not_is_
     fetched = {r["id"]: r["fetched_at"] for r in state(tmp_path, "results.jsonl")}
     waited = 3.0 if headers else redrive.SECONDARY_WAIT  # a minute when it says not how long
     assert fetched["limited"] >= redrive.iso(FakeTime().wallclock() + waited)
+
+
+@pytest.mark.parametrize("headers", [
+    {"X-RateLimit-Limit": "60", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "0"},
+    {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": str(int(time.time()) - 3600)},  # an epoch in the past
+    {"RateLimit-Policy": '"d";q=60;w=60', "RateLimit": '"d";r=0;t=0'},
+], ids=["reset 0", "reset an hour ago", "structured t=0"])
+def test_throttle_bound_a_spent_quota_whose_reset_is_past_ends_the_run_with_every_id_pending(server, tmp_path,
+                                                                                              headers):
+    ids = [f"s{n}" for n in range(6)]
+    server.replies.update({item: [(429, b"", headers)] for item in ids})
+    code, err, _ = crawl(server, tmp_path, ids, "--max-backoff", "5", fake=FastForward())
+    assert code == ExitCode.INCOMPLETE and state(tmp_path, "unavailable.jsonl") == []
+    assert sum(server.hits.values()) <= 40  # refusals that back off and end the run, not 10 a second for ever
+    report = json.loads((tmp_path / "ids.redrive" / "report.json").read_text())
+    assert report["stop"] == "later" and report["counts"]["pending"] + report["counts"]["failed"] == len(ids)
+
+
+@pytest.mark.parametrize("body", [
+    b'{"message":"Resource not accessible by integration",'
+    b'"documentation_url":"https://docs.github.com/rest/overview/rate-limits-for-the-rest-api"}',
+    b'<html><body>Forbidden. See <a href="https://example.com/help/throttling">the help</a>.</body></html>',
+], ids=["GitHub's documentation_url", "an HTML link"])
+def test_throttle_bound_a_403_that_only_links_to_rate_limit_docs_is_a_permission_answer(server, tmp_path, body):
+    server.replies["denied"] = [(403, body, {})]
+    code, err, _ = crawl(server, tmp_path, ["a", "denied", "b"])
+    assert code == ExitCode.OK and sorted(state(tmp_path, "done.txt")) == ["a", "b"]
+    [denied] = state(tmp_path, "unavailable.jsonl")
+    assert denied["status"] == 403 and server.hits["denied"] == 1
+
+
+@pytest.mark.parametrize("reply", [
+    (200, GRAPHQL_LIMITED, {"Content-Type": "application/json"}),
+    (403, b'{"message":"API rate limit exceeded for this resource."}', {}),
+    (429, b"", {"Retry-After": "1"}),
+], ids=["GraphQL RATE_LIMITED", "403 that says rate limit", "429 with Retry-After"])
+def test_throttle_bound_one_ids_refusal_that_never_lifts_is_its_own_and_ends(server, tmp_path, reply):
+    ids = [f"i{n:02}" for n in range(30)]
+    server.replies["i07"] = [reply]  # refused for ever, while the host answers every other id
+    code, err, _ = crawl(server, tmp_path, ids, "--tries", "3", fake=FastForward())
+    assert sorted(state(tmp_path, "done.txt")) == [i for i in ids if i != "i07"]
+    [stuck] = state(tmp_path, "unavailable.jsonl")
+    assert stuck["id"] == "i07" and stuck["status"] == reply[0]
+    assert server.hits["i07"] <= redrive.OWN_REFUSALS + 3 * 2  # its tries in each of the two passes at most
 
 
 def test_a_graphql_200_that_says_rate_limited_is_retried_and_never_stored(server, tmp_path):
