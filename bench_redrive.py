@@ -53,6 +53,10 @@ Scenarios (all by default):
                  Retry-After: 1 once and 1% 503 twice, against the same ids clean
   shards-parallel  docs/across-machines.md's GNU parallel line on this machine:
                  3,000 ids in three shards, then --cover; skipped without parallel
+  nginx-slow     nginx's limit_req at the slow limits of public APIs: 1 r/s (90 ids),
+                 2 and 5 r/s with no burst, 10 r/s burst 5 nodelay; no --rate
+  model          the tests' limiter shapes at 2 to 500 r/s, two minutes of ideal each,
+                 and the penalty box, on the fake clock through redrive's own run loop
   refresh        a nightly sync of 10,000 ids with ETags: night 1 fetches all;
                  on night 2, 2% changed and 0.5% are gone: a plain rerun, then
                  --refresh; night 3's --refresh under GitHub's quota headers
@@ -1461,17 +1465,67 @@ def fs_type(folder):
         return "?"
 
 
+#: (rate r/s, burst, nodelay, ids): slow limits, as public APIs set them (1 a second, 5, 10).
+NGINX_SLOW = [(1, 0, False, 90), (2, 0, False, 240), (5, 0, False, 300), (10, 5, True, 600)]
+
+
+def nginx_slow(folder, count, opt):
+    """redrive against nginx's limit_req at the slow limits public APIs set, no --rate."""
+    binary = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.path.exists(p)), None)
+    if not binary:
+        print("\nnginx-slow: skipped: nginx is not installed (apt-get install nginx)")
+        return
+    rows = [nginx_row(binary, folder, rate, burst, nodelay, count or ids, opt) for rate, burst, nodelay, ids in NGINX_SLOW]
+    table(f"nginx {nginx_version(binary)} limit_req at slow limits (429, no Retry-After), every 50th id a 404, "
+          f"concurrency {opt.concurrency}, no --rate", rows)
+
+
+def model(folder, count, opt):
+    """The limiter shapes of the tests' table, each for two minutes of its ideal or more, played on the
+    fake clock through redrive's own run loop (test_redrive.drive): time over ideal and refusals."""
+    if Path(REDRIVE[0]).resolve() != (HERE / "redrive.py").resolve():
+        print(f"\nmodel: skipped for {REDRIVE[0]}: the fake-clock harness drives this redrive.py's run loop")
+        return
+    sys.path.insert(0, str(HERE))
+    import test_redrive as t
+    shapes = {"leaky, no burst": lambda r: t.Leaky(r, 0), "leaky, no burst, 503": lambda r: t.Leaky(r, 0, status=503),
+              "leaky, burst 5 nodelay": lambda r: t.Leaky(r, 5), "leaky, burst 5 queued": lambda r: t.Leaky(r, 5, delay=True),
+              "token bucket, burst 5, Retry-After": lambda r: t.TokenBucket(r, 5),
+              "window of 2 s, Retry-After": lambda r: t.Window(max(1, int(r * 2)), 2),
+              "window of a minute, none": lambda r: t.Window(int(r * 60), 60, retry_after=False),
+              "sliding log of 10 s": lambda r: t.SlidingLog(int(r * 10), 10)}
+    rows = []
+    for name, make in shapes.items():
+        for rate in (2, 5, 10, 50, 100, 500):
+            limiter = make(rate)
+            ids = count or int(rate * 120) + 5
+            run = t.drive(limiter, ids, until=7200)
+            ideal = limiter.ideal(ids)
+            wrong = sum(1 for _, _, status in run["ended"].values() if status not in (200, 404))
+            rows.append((f"{name}, {rate} r/s, {ids} ids",
+                         f"{run['end'] / ideal:.2f} x ideal (target <= 1.10), refused {run['refused']} = "
+                         f"{run['refused'] / run['requests']:.1%} of {run['requests']} (target <= 3%), "
+                         f"{len(run['ended'])} ended, {wrong} not where the server put them"))
+    box = t.PenaltyBox(5, 20)
+    run = t.drive(box, 300, until=7200, max_backoff=300.0)
+    rows.append(("penalty box 5 r/s, a 20 s block per excess, 300 ids, --max-backoff 300",
+                 f"{box.blocks} blocks (target <= 2), {run['end'] / box.ideal(300):.2f} x ideal, "
+                 f"{len(run['ended'])} ended"))
+    table("the fake-clock model: limiter shapes through redrive's own run loop, concurrency 32, 20 ms answers", rows)
+
+
 SCENARIOS = {"clean": clean, "flaky": flaky, "rate-limited": rate_limited, "lone-429": lone_429,
              "resume": resume, "fsync": fsync, "stop": stop, "nginx": nginx,
              "fixed-window": fixed_window, "token-bucket": token_bucket, "limit-and-lone": limit_and_lone,
              "limit-change": limit_change, "chaos": chaos, "declared": declared,
              "shards-on-one-key": shards_on_one_key, "no-limit-throttles": no_limit_throttles,
-             "shards-parallel": shards_parallel, "refresh": refresh}
+             "shards-parallel": shards_parallel, "refresh": refresh, "nginx-slow": nginx_slow,
+             "model": model}
 COUNTS = {"clean": 10_000, "flaky": 10_000, "rate-limited": 3_000, "lone-429": 10_000, "resume": 1_000_000, "fsync": 5_000,
           "stop": 1_000_000, "nginx": 0,
           "fixed-window": 0, "token-bucket": 0, "limit-and-lone": 0, "limit-change": 4_500, "chaos": 10_000,
           "declared": 0, "shards-on-one-key": 0, "no-limit-throttles": 10_000, "shards-parallel": 3_000,
-          "refresh": 10_000}
+          "refresh": 10_000, "nginx-slow": 0, "model": 0}
 
 
 def main(argv=None):

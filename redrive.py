@@ -1217,8 +1217,9 @@ RATE_SPAN = 1.0
 #: so many standard deviations of a Poisson count, and never one refusal alone.
 SHARE_SIGMAS = 2.0
 
-#: CUBIC's two constants (RFC 9438), its window counted in requests a second:
-#: the cut to BETA x W_max, and the curve's scale.
+#: CUBIC's cut (RFC 9438) to BETA x W_max, and its curve's time scale in requests:
+#: back at W_max after CUBIC_C requests' worth of time at W_max (at least RATE_SPAN),
+#: so a limit of 1 r/s is probed as rarely, per request, as one of 500 r/s.
 BETA = 0.7
 CUBIC_C = 30.0
 
@@ -1226,10 +1227,6 @@ CUBIC_C = 30.0
 #: at a time after this share of the time it has refused so far: its window's
 #: end is found late by that share at most.
 PROBE_SHARE = 0.25
-
-#: An id refused this many times in a row while its host took others and
-#: refused no other is refused for itself, whatever the refusal says.
-OWN_REFUSALS = 3
 
 #: Slack after a declared reset, for two clocks a little apart.
 QUOTA_MARGIN = 0.1
@@ -1277,13 +1274,15 @@ class Host:
        says it is a rate limit is the host's; any other is the id's: it waits alone.
     4. The host's refusal of a request sent after the last cut is a cut (so one per
        round trip): W_max is the pace it took, the rate BETA x W_max, then CUBIC's
-       W(t) = CUBIC_C (t - K)^3 + W_max, K = cbrt(W_max (1 - BETA) / CUBIC_C).
+       W(t) = W_max (1 - BETA) ((t - K) / K)^3 + W_max, K = max(CUBIC_C / W_max, RATE_SPAN).
        Cuts in a row that do not bring the refusals under the bar within N answers
        were not the limit's: the limit is forgotten, and b has learnt their share.
     5. The host's refusal after a cut with nothing taken since: a window ran out.
        One request at a time, paused for its Retry-After, or, with none, for
        PROBE_SHARE of the time refused so far; only then does a Retry-After pause
-       the host. --rate and --per-host bound it all.
+       the host; once it has refused everything for longer than --max-backoff it
+       is paused past the run's reach (the run ends, its ids pending). --rate and
+       --per-host bound it all.
     """
 
     cap: int  #: --per-host, or --concurrency
@@ -1297,7 +1296,7 @@ class Host:
     recent: deque = field(default_factory=deque)  #: (time, fresh refusal, taken, sent) of its last answers
     w_max: Optional[float] = None  #: the pace taken at the last cut (None: never cut)
     cut_at: float = -math.inf
-    k: float = 1.0  #: seconds from a cut back to W_max
+    k: float = RATE_SPAN  #: K: seconds from the last cut back to W_max (see 4)
     last_ok: float = -math.inf  #: its last answer that was no refusal
     refusing_since: Optional[float] = None  #: refusing everything since (see 5)
     in_a_row: int = 0  #: its refusals since its last answer that was none
@@ -3288,6 +3287,11 @@ def crash_record(exc: BaseException, item_id: Optional[str], now: float) -> dict
     """A bug, as crash.log and the report tell it."""
     trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return {"id": item_id, "error": f"{type(exc).__name__}: {exc}", "at": now, "traceback": trace}
+
+
+#: An id refused this many times in a row while its host took others and
+#: refused no other is refused for itself, whatever the refusal says.
+OWN_REFUSALS = 3
 
 
 class Settler:
