@@ -776,13 +776,26 @@ DURATION_PARTS = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?!s))?(?
 
 #: An epoch time is past this (2001); a count of seconds left is not.
 EPOCH_FROM = 1e9
+HEADER_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?", re.ASCII)
+
+
+def decimal(text, low: int, high: int) -> Optional[int]:
+    """A whole number written in ASCII decimal digits (no sign, no '²', no
+    '١٢' that str.isdigit and int accept) from low to high; None otherwise.
+    Every number read from outside (an environment variable, a command-line
+    value, a state file's text) goes through it."""
+    if not isinstance(text, str) or not (0 < len(text) <= 20 and text.isascii() and text.isdigit()):
+        return None
+    number = int(text)
+    return number if low <= number <= high else None
 
 
 def header_number(value: Optional[str]) -> Optional[float]:
     """A finite, non-negative number ("59", "598.0", "100, 100;w=60" takes its
     first); None for anything else."""
     try:
-        number = float(value.split(",")[0].split(";")[0].strip())
+        text = value.split(",")[0].split(";")[0].strip()
+        number = float(text) if HEADER_NUMBER.fullmatch(text) else math.nan  # ASCII only: float takes '١٢'
     except (AttributeError, ValueError):
         return None
     return number if math.isfinite(number) and 0 <= number <= 1e12 else None
@@ -1515,14 +1528,24 @@ def read_ids(path: Path) -> tuple:
         line = data.count(b"\n", 0, exc.start) + 1
         raise RedriveError(f"{path} line {line}: not valid UTF-8; save the file as UTF-8") from None
     del data
+    if "\r" in text:  # CRLF, and CR alone (old Mac files): each ends a line
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    plain = text.isascii() and not any(c in text for c in "\v\f\x1c\x1d\x1e")  # the common case: no search
     lines = id_lines(text)
     del text
+    odd = None if plain else next((i for i in lines if LINE_BREAKS.search(i)), None)
+    if odd is not None:
+        raise RedriveError(f"{path} line {line_of(path, odd)}: an id holds a line break that is not LF or CR "
+                           f"({shown_text(LINE_BREAKS.search(odd).group())}); put one id per line")
     unique = set(lines)
     if not unique:
         raise RedriveError(f"{path}: no ids in it; put one id per line ('#' lines are comments)")
     ids = lines if len(unique) == len(lines) else list(dict.fromkeys(lines))
     return ids, len(lines) - len(unique), unique
 
+
+#: Characters other programs take for a line's end (str.splitlines does): never inside an id.
+LINE_BREAKS = re.compile("[\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
 
 #: What a line may hold that calls for the slow path: whitespace to strip, a '#' comment.
 STRIPPED = " \t\r\v\f\x1c\x1d\x1e\x1f#"
@@ -2899,7 +2922,7 @@ def validate(text: str, content_type: str, cfg: Config, item_id: str = "") -> tu
     body = text
     if cfg.request.wants_json or "json" in content_type.lower():
         try:
-            body = json.loads(text)
+            body = json.loads(text[1:] if text[:1] == "\ufeff" else text)  # a byte-order mark (IIS, .NET) is no JSON error
         except RecursionError:
             body = text  # JSON nested deeper than Python can hold: kept as its text
         except ValueError:
@@ -4300,7 +4323,7 @@ def cell(record: dict, path: str) -> str:
     for step in path.split("."):
         if isinstance(value, dict):
             value = value.get(step)
-        elif isinstance(value, list) and step.isdigit() and int(step) < len(value):
+        elif isinstance(value, list) and decimal(step, 0, len(value) - 1) is not None:
             value = value[int(step)]
         else:
             value = None
@@ -4442,11 +4465,14 @@ positive_rate = bounded("a number of requests per second", 0.001, 1e6)
 byte_count = bounded("a number of bytes", 1, 2 ** 33, whole=True)
 
 
+MAX_SHARDS = 1_000_000
+
+
 def shard_spec(text: str) -> tuple:
     k, slash, n = text.partition("/")
-    if k == "auto" and (not slash or n.isdigit() and 1 <= int(n) <= 1_000_000):
+    if k == "auto" and (not slash or decimal(n, 1, MAX_SHARDS)):
         return "auto", int(n) if slash else None
-    if slash and k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n) <= 1_000_000:
+    if slash and decimal(n, 1, MAX_SHARDS) and decimal(k, 1, int(n)):
         return int(k), int(n)
     raise argparse.ArgumentTypeError(f"give K/N with 1 <= K <= N, such as 2/3, or auto/N; not {text!r}")
 
@@ -4465,17 +4491,27 @@ def resolve_shard(spec: Optional[tuple], environ) -> Optional[tuple]:
         return spec
     names = " ".join(name for name, _ in SHARD_ENGINES)
     for name, first in SHARD_ENGINES:
-        index = environ.get(name, "")
-        if index.isdigit():
-            low = environ.get(first, "0") if first else "0"
-            k = int(index) - int(low if low.isdigit() else 0) + 1
-            n = spec[1] or (int(environ["SLURM_ARRAY_TASK_COUNT"]) if environ.get("SLURM_ARRAY_TASK_COUNT", "").isdigit()
-                            else 0)
-            if not 1 <= k <= n:
-                raise RedriveError(f"--shard auto: {name}={index} gives shard {k}, outside 1 to {n or 'N'}; give "
-                                   "--shard auto/N with N the number of workers")
-            return k, n
+        if not environ.get(name):
+            continue
+        index, low = read_number(environ, name, 0), read_number(environ, first, 0) if first else 0
+        total = read_number(environ, "SLURM_ARRAY_TASK_COUNT", 1) if first else None
+        k, n = index - (low or 0) + 1, spec[1] or total or 0
+        if not 1 <= k <= n:
+            raise RedriveError(f"--shard auto: {name}={index} gives shard {k}, outside 1 to {n or 'N'}; give "
+                               "--shard auto/N with N the number of workers")
+        return k, n
     raise RedriveError(f"--shard auto: none of {names} is set (the job engine's worker index); give --shard K/N")
+
+
+def read_number(environ, name: str, low: int) -> Optional[int]:
+    """The whole number in environment variable `name` (None: not set); a value that is not one is an error naming it."""
+    if name not in environ:
+        return None
+    number = decimal(environ[name], low, MAX_SHARDS)
+    if number is None:
+        raise RedriveError(f"--shard auto: {name}={shown_text(environ[name][:40])!r} is not a whole number from "
+                           f"{low} to {MAX_SHARDS} (decimal digits only): fix the job's environment, or give --shard K/N")
+    return number
 
 
 #: The classes --retry-unavailable names besides statuses: a failure's cause, as failed.jsonl writes it.
@@ -4488,7 +4524,7 @@ def retry_classes(text: str) -> frozenset:
     for word in (w.strip().lower() for w in text.split(",")):
         if word == "all":
             chosen.add("all")
-        elif word.isdigit() and 100 <= int(word) <= 599:
+        elif decimal(word, 100, 599):
             chosen.add(int(word))
         elif len(word) == 3 and word[0] in "12345" and word[1:] == "xx":
             chosen.add(("xx", int(word[0])))

@@ -822,6 +822,19 @@ def test_empty_and_invalid_json_bodies_are_retried(server, tmp_path):
     assert failed["cause"] == state(tmp_path, "unavailable.jsonl")[0]["cause"] == "bad body"
 
 
+@pytest.mark.parametrize("raw, headers, extra", [
+    (b'\xef\xbb\xbf{"a":1}', {"Content-Type": "application/json"}, ()),  # IIS and .NET send it
+    (b'\xef\xbb\xbf {"a":1}\n', {"Content-Type": "text/plain"}, ("--expect-json",)),
+    (b'\xff\xfe' + '{"a":1}'.encode("utf-16-le"), {"Content-Type": "application/json; charset=utf-16"}, ()),
+], ids=["UTF-8 BOM", "UTF-8 BOM, --expect-json", "UTF-16 BOM"])
+def test_json_that_starts_with_a_byte_order_mark_is_json(server, tmp_path, raw, headers, extra):
+    server.replies["b"] = [(200, raw, headers)]
+    code, err, _ = crawl(server, tmp_path, ["b"], *extra)
+    assert code == ExitCode.OK, err
+    [result] = state(tmp_path, "results.jsonl")
+    assert result["body"] == {"a": 1} and server.hits["b"] == 1
+
+
 def test_204_and_head_answers_are_done_with_no_body(server, tmp_path):
     server.replies["n"] = [(204, b"", {})]
     code, err, _ = crawl(server, tmp_path, ["n"], "--method", "POST")
@@ -1141,6 +1154,24 @@ def test_ids_file_tolerates_bom_crlf_comments_and_blanks(server, tmp_path):
     path.write_bytes(b"\xef\xbb\xbf# products\r\n  a1  \r\n\r\n#b\r\nc3\r\n")
     code, _, _ = run_cli([path, "--url", server.template])
     assert code == ExitCode.OK and server.hits == Counter({"a1": 1, "c3": 1})
+
+
+@pytest.mark.parametrize("raw", [b"a1\rb2\rc3\r", b"a1\rb2\r\nc3"], ids=["CR alone", "CR and CRLF mixed"])
+def test_line_endings_cr_alone_ends_a_line_so_the_file_is_three_ids(server, tmp_path, raw):
+    path = tmp_path / "ids.txt"
+    path.write_bytes(raw)
+    code, err, _ = run_cli([path, "--url", server.template])
+    assert code == ExitCode.OK, err
+    assert server.hits == Counter({"a1": 1, "b2": 1, "c3": 1})
+
+
+@pytest.mark.parametrize("sep", ["\u2028", "\x85", "\x0b", "\x1e"], ids=["U+2028", "NEL", "VT", "RS"])
+def test_line_endings_any_other_line_break_inside_an_id_is_one_line_naming_it_and_exit_2(server, tmp_path, sep):
+    path = tmp_path / "ids.txt"
+    path.write_text(f"a1\nb2{sep}c3\n", encoding="utf-8")
+    code, err, _ = run_cli([path, "--url", server.template])
+    assert code == ExitCode.USAGE and "line 2" in err and "line break" in err and err.count("\n") == 1
+    assert not server.hits
 
 
 def test_id_cannot_change_the_path_or_query(server, tmp_path):
@@ -3388,6 +3419,27 @@ def test_shard_auto_reads_the_job_engines_index(server, tmp_path, env, spec, sha
 def test_shard_auto_without_an_engine_index_is_one_line_and_exit_2(tmp_path, env, said):
     code, err, _ = run_cli([write_ids(tmp_path, ["a"]), "--shard", "auto/3"], environ=env)
     assert code == ExitCode.USAGE and said in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("env, named", [
+    ({"JOB_COMPLETION_INDEX": "\u00b2"}, "JOB_COMPLETION_INDEX"),  # str.isdigit takes it, int does not
+    ({"JOB_COMPLETION_INDEX": "-1"}, "JOB_COMPLETION_INDEX"),
+    ({"AWS_BATCH_JOB_ARRAY_INDEX": "\u0661"}, "AWS_BATCH_JOB_ARRAY_INDEX"),  # an Arabic-Indic 1: int takes it
+    ({"SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_TASK_MIN": "x"}, "SLURM_ARRAY_TASK_MIN"),
+    ({"SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_COUNT": "3.0"},
+     "SLURM_ARRAY_TASK_COUNT"),
+], ids=["superscript two", "negative", "Arabic-Indic digit", "Slurm's MIN not a number", "Slurm's COUNT 3.0"])
+def test_number_from_outside_an_engine_variable_that_is_no_decimal_number_is_named_and_exit_2(tmp_path, env,
+                                                                                              named):
+    code, err, _ = run_cli([write_ids(tmp_path, ["a"]), "--shard", "auto"], environ=env)
+    assert code == ExitCode.USAGE and err.count("\n") == 1, err
+    assert f"{named}=" in err and "not a whole number" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("headers", [{"X-RateLimit-Remaining": "\u0661\u0662", "X-RateLimit-Reset": "60"},
+                                     {"X-RateLimit-Remaining": "5", "X-RateLimit-Reset": "\u0666\u0660"}])
+def test_number_from_outside_a_quota_header_in_other_digits_is_no_quota(headers):
+    assert redrive.declared_quota(requests.structures.CaseInsensitiveDict(headers), WALL) is None
 
 
 def test_shards_run_by_a_job_engine_are_disjoint_resume_in_their_own_dir_and_cover_the_list(server, tmp_path):
