@@ -4287,8 +4287,8 @@ def export(args, state_dir: Path, out) -> ExitCode:
     done = set(read_done(state_dir, done_in_order) or ())
     offsets, fetched, path = {}, {}, state_dir / "results.jsonl"
     with open(path if path.is_file() else os.devnull, "rb") as fh:
-        for offset, line in iter_lines(fh):
-            record = checked_record(path, 0, line)
+        for number, (offset, line) in enumerate(iter_lines(fh), 1):
+            record = checked_record(path, number, line)
             offsets[record["id"]], fetched[record["id"]] = offset, (record["fetched_at"],)  # the last line wins
         unavailable = latest_records(state_dir / "unavailable.jsonl")
         done -= gone_upstream((i for i in unavailable if i in done), unavailable, fetched)
@@ -4328,8 +4328,18 @@ def cell(record: dict, path: str) -> str:
         else:
             value = None
     if value is None or isinstance(value, str):
-        return value or ""
-    return json.dumps(value, ensure_ascii=False) if isinstance(value, (dict, list)) else str(value)
+        return neutral(value or "")
+    return neutral(json.dumps(value, ensure_ascii=False)) if isinstance(value, (dict, list)) else str(value)
+
+
+#: A cell a spreadsheet would run as a formula starts with one of these (OWASP's CSV injection list).
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def neutral(text: str) -> str:
+    """A text cell a spreadsheet shows as text: one that starts like a formula
+    gets a leading "'" (numbers are written as they are; --export jsonl has every value raw)."""
+    return "'" + text if text.startswith(FORMULA_START) else text
 
 
 def write_body(folder: Path, item_id: str, record: dict) -> None:

@@ -2,6 +2,7 @@
 subprocesses and signals; the clock, the sleep and the randomness injected."""
 
 import base64
+import csv
 import email.utils
 import errno
 import gzip
@@ -13,6 +14,7 @@ import math
 import os
 import queue
 import re
+import shutil
 import signal
 import socket
 import ssl
@@ -1790,6 +1792,59 @@ def test_export_gives_the_latest_result_of_every_done_id_in_input_order(server, 
     err = io.StringIO()
     assert redrive.main([str(ids), "--export", "files"], err=err, environ={}) == ExitCode.USAGE
     assert "--out" in err.getvalue() and err.getvalue().count("\n") == 1
+
+
+def test_export_csv_cells_that_start_like_a_formula_are_neutralised_and_jsonl_keeps_them_raw(server, tmp_path):
+    body = b'{"name":"=HYPERLINK(\\"http://x\\")","note":"@SUM(A1)","t":"\\tx","n":-5,"s":"-5","ok":"plain"}'
+    server.replies["=1+2"] = [(200, body, {"Content-Type": "application/json"})]
+    ids = write_ids(tmp_path, ["=1+2"])
+    crawl(server, tmp_path, ["=1+2"])
+    out = io.StringIO()
+    fields = "id,body.name,body.note,body.t,body.n,body.s,body.ok"
+    assert redrive.main([str(ids), "--export", "csv", "--fields", fields], out=out, err=io.StringIO(), environ={}) == 0
+    row = next(csv.reader(io.StringIO(out.getvalue().splitlines()[1])))
+    assert row == ["'=1+2", "'=HYPERLINK(\"http://x\")", "'@SUM(A1)", "'\tx", "-5", "'-5", "plain"]
+    out = io.StringIO()
+    assert redrive.main([str(ids), "--export", "jsonl"], out=out, err=io.StringIO(), environ={}) == 0
+    assert json.loads(out.getvalue())["body"]["name"] == '=HYPERLINK("http://x")'
+
+
+def test_the_readmes_export_lines_run_as_written_and_give_only_what_is_live(server, tmp_path):
+    readme = (HERE / "README.md").read_text(encoding="utf-8")
+    block = readme.split("## Getting results out", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    if "| jq" in block and not shutil.which("jq"):
+        pytest.skip("jq is not installed: the README's jq line cannot run here")
+    price = {"p1": 10, "p2": 20, "p3": 30}
+    for item, value in price.items():
+        server.replies[item] = [(200, json.dumps({"name": item, "price": value}).encode(),
+                                 {"Content-Type": "application/json", "ETag": f'"{value}"'}),
+                                (200, json.dumps({"name": item, "price": value + 1}).encode(),
+                                 {"Content-Type": "application/json", "ETag": f'"{value + 1}"'})]
+    server.replies["p3"] = server.replies["p3"][:1] + [(404, b"", {})]
+    ids = write_ids(tmp_path, list(price), name="products.txt")
+    for extra in ((), ("--refresh",)):  # night 1, then a refresh: p1 and p2 changed, p3 gone
+        code, err, _ = run_cli([ids, "--url", server.template, *extra], fake=FastForward())  # real time: a later night
+        assert code == ExitCode.OK, err
+    script = block.replace(".venv/bin/python redrive.py", f"{sys.executable} {HERE / 'redrive.py'}")
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    live = [json.loads(line) for line in (tmp_path / "latest.jsonl").read_text().splitlines()]
+    assert [(r["id"], r["body"]["price"]) for r in live] == [("p1", 11), ("p2", 21)]
+    assert (tmp_path / "products.csv").read_text().splitlines()[1:] == ["p1,p1,11", "p2,p2,21"]
+    assert sorted(p.name for p in (tmp_path / "bodies").iterdir()) == ["p1", "p2"]
+    assert done.stdout.splitlines() == ['"p1",11', '"p2",21']  # the jq line: stale and gone rows left out
+
+
+def test_export_names_the_real_line_of_a_bad_results_line(server, tmp_path):
+    crawl(server, tmp_path, ["a", "b", "c"])
+    results = tmp_path / "ids.redrive" / "results.jsonl"
+    lines = results.read_text().splitlines()
+    lines[1] = '{"id": 7}'
+    results.write_text("\n".join(lines) + "\n")
+    err = io.StringIO()
+    code = redrive.main([str(tmp_path / "ids.txt"), "--export", "jsonl"], out=io.StringIO(), err=err, environ={})
+    assert code == ExitCode.USAGE and "line 2" in err.getvalue() and "line 0" not in err.getvalue()
 
 
 def test_a_mistyped_option_gets_the_closest_one_suggested(tmp_path):
