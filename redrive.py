@@ -78,6 +78,7 @@ from __future__ import annotations
 import argparse
 import base64
 import codecs
+import contextlib
 import csv
 import dataclasses
 import email.utils
@@ -2339,7 +2340,10 @@ def write_atomically(path: Path, text: str) -> None:
     """Write a whole small file so that a reader sees the old or the new one."""
     tmp = path.with_name(path.name + ".tmp")
     try:
-        with open(tmp, "w", encoding="utf-8") as fh:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)  # a killed run's, or a link planted there: never written through
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o644), "w",
+                       encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
@@ -4296,6 +4300,7 @@ def export(args, state_dir: Path, out) -> ExitCode:
         writer = csv.writer(out, lineterminator="\n") if args.export == "csv" else None
         if writer:
             writer.writerow(fields)
+        taken, renamed = set(), []  #: file names used, in lower case; (id, file) of the ids given another name
         for item_id in (i for i in ids if i in done and i in offsets):
             fh.seek(offsets[item_id])
             line = fh.readline()
@@ -4304,7 +4309,12 @@ def export(args, state_dir: Path, out) -> ExitCode:
             elif writer:
                 writer.writerow([cell(json.loads(line), name) for name in fields])
             else:
-                write_body(args.out, item_id, json.loads(line))
+                name = file_name(item_id, taken)
+                write_file(args.out, name, body_bytes(json.loads(line)))
+                if name != quote(item_id, safe=""):
+                    renamed.append(json.dumps({"id": item_id, "file": name}, ensure_ascii=False) + "\n")
+        if args.export == "files" and renamed:
+            write_file(args.out, NAMES_FILE, "".join(renamed).encode("utf-8"))
     return ExitCode.OK
 
 
@@ -4342,18 +4352,52 @@ def neutral(text: str) -> str:
     return "'" + text if text.startswith(FORMULA_START) else text
 
 
-def write_body(folder: Path, item_id: str, record: dict) -> None:
-    """--export files: the body of one result in a file named after its id, percent-encoded."""
-    folder.mkdir(parents=True, exist_ok=True)
+#: --export files: the ids whose file has another name than their own, one JSON line each.
+NAMES_FILE = ".redrive-names.jsonl"
+#: Names no common file system takes for a file: Windows' devices, and what is too long anywhere.
+RESERVED_NAMES = frozenset({"con", "prn", "aux", "nul", *(f"{d}{n}" for d in ("com", "lpt") for n in range(1, 10))})
+MAX_NAME_BYTES = 200
+
+
+def file_name(item_id: str, taken: set) -> str:
+    """--export files: the id percent-encoded, unless no common file system
+    could hold it (too long, a device name, or a twin by case
+    of a name given already on macOS or Windows): then a stable name from
+    its SHA-256, listed in NAMES_FILE. `taken` gathers the names given, in lower case."""
+    name = quote(item_id, safe="")
+    name = name.replace(".", "%2E") if not name.strip(".") else name  # '.' and '..' name no file
+    stem = name.split(".")[0].lower()
+    if len(name.encode()) > MAX_NAME_BYTES or stem in RESERVED_NAMES or \
+            name.lower() in taken or name == NAMES_FILE:
+        name = "id-" + hashlib.sha256(item_id.encode("utf-8")).hexdigest()[:40]
+    taken.add(name.lower())
+    return name
+
+
+def body_bytes(record: dict) -> bytes:
+    """The body of one result as its bytes: base64 undone, JSON written out."""
     body = record.get("body")
     if record.get("body_encoding") == "base64":
-        data = base64.b64decode(body)
-    elif isinstance(body, str):
-        data = body.encode("utf-8")
-    else:
-        data = json.dumps(body, ensure_ascii=False).encode("utf-8")
-    name = quote(item_id, safe="")
-    (folder / (name.replace(".", "%2E") if not name.strip(".") else name)).write_bytes(data)  # '.' names no file
+        return base64.b64decode(body)
+    if isinstance(body, str):
+        return body.encode("utf-8")
+    return json.dumps(body, ensure_ascii=False).encode("utf-8")
+
+
+def write_file(folder: Path, name: str, data: bytes) -> None:
+    """One file inside `folder`, written through a new temporary file and
+    renamed over the name: a symlink there is replaced, never followed."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{name[:MAX_NAME_BYTES]}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, folder / name)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 # -------------------------------------------------------------------- demo
@@ -4824,6 +4868,9 @@ def check_report_path(cfg: Config) -> None:
         if Path(os.path.abspath(path)) == target or target.exists() and path.exists() and os.path.samefile(path, target):
             raise RedriveError(f"--report {cfg.report}: that is {what}, which it would replace; "
                                "name a file outside the state dir")
+    if os.path.lexists(target) and not stat.S_ISREG(os.lstat(target).st_mode):
+        raise RedriveError(f"--report {cfg.report}: exists and is not a regular file (a link, a pipe, a device), "
+                           "which it would replace; name a new file or a regular one")
     if target.is_dir() or not os.access(target.parent, os.W_OK | os.X_OK) or \
             target.exists() and not os.access(target, os.W_OK):
         raise RedriveError(f"--report {cfg.report}: cannot be written there; pick a writable path")

@@ -1836,6 +1836,47 @@ def test_the_readmes_export_lines_run_as_written_and_give_only_what_is_live(serv
     assert done.stdout.splitlines() == ['"p1",11', '"p2",21']  # the jq line: stale and gone rows left out
 
 
+def test_file_written_where_it_belongs_export_files_replaces_a_planted_link_and_never_writes_through_it(
+        server, tmp_path):
+    crawl(server, tmp_path, ["a", "b"])
+    outside, folder = tmp_path / "outside.txt", tmp_path / "bodies"
+    outside.write_text("precious")
+    folder.mkdir()
+    (folder / "a").symlink_to(outside)  # planted before the export
+    (folder / "b").symlink_to(tmp_path / "nowhere")  # dangling: open() would create its target
+    code = redrive.main([str(tmp_path / "ids.txt"), "--export", "files", "--out", str(folder)], err=io.StringIO(),
+                        environ={})
+    assert code == ExitCode.OK and outside.read_text() == "precious" and not (tmp_path / "nowhere").exists()
+    assert not (folder / "a").is_symlink() and json.loads((folder / "a").read_text()) == {"id": "a"}
+
+
+def test_file_written_where_it_belongs_ids_no_file_system_can_name_get_a_stable_name_listed_in_the_folder(
+        server, tmp_path):
+    ids = ["x" * 300, "ABC", "abc", "CON", "nul.txt", "ok"]
+    crawl(server, tmp_path, ids)
+    folder = tmp_path / "bodies"
+    for _ in range(2):  # stable: the same names again
+        code = redrive.main([str(tmp_path / "ids.txt"), "--export", "files", "--out", str(folder)],
+                            err=io.StringIO(), environ={})
+        assert code == ExitCode.OK
+    names = {r["id"]: r["file"] for r in map(json.loads, (folder / ".redrive-names.jsonl").read_text().splitlines())}
+    assert sorted(names) == ["CON", "abc", "nul.txt", "x" * 300]  # 'ABC' came first and keeps its own name
+    for item, name in [*names.items(), ("ABC", "ABC"), ("ok", "ok")]:
+        assert json.loads((folder / name).read_text()) == {"id": item}
+    assert len({n.lower() for n in os.listdir(folder)}) == len(os.listdir(folder)) == 7
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_file_written_where_it_belongs_a_report_path_that_is_no_regular_file_is_refused(server, tmp_path, kind):
+    target = tmp_path / "kept.txt"
+    target.write_text("kept")
+    report = tmp_path / "report-here"
+    report.symlink_to(target) if kind == "symlink" else os.mkfifo(report)
+    code, err, _ = crawl(server, tmp_path, ["a"], "--report", str(report))
+    assert code == ExitCode.USAGE and "not a regular file" in err and err.count("\n") == 1
+    assert target.read_text() == "kept" and not server.hits
+
+
 def test_export_names_the_real_line_of_a_bad_results_line(server, tmp_path):
     crawl(server, tmp_path, ["a", "b", "c"])
     results = tmp_path / "ids.redrive" / "results.jsonl"
