@@ -1002,14 +1002,21 @@ def shown_path(path: Path) -> str:
     return os.fsencode(path).decode("utf-8", "replace")
 
 
+#: An id longer than this is shown cut, its length said: a line or a report stays readable.
+SHOWN_ID_CHARS = 240
+
+
 def shown_id(item_id: str) -> str:
     """An id as every output shows it: a URL's password and key-like query
     values hidden. The ledgers keep ids as given (they are what a rerun
     matches against the ids file)."""
     try:
-        return redact_url(item_id) if "://" in item_id else item_id
+        shown = redact_url(item_id) if "://" in item_id else item_id
     except ValueError:  # not a URL after all (an unclosed '['): nothing in it is a query value
-        return item_id
+        shown = item_id
+    if len(shown) <= SHOWN_ID_CHARS:
+        return shown
+    return f"{shown[:SHOWN_ID_CHARS // 2]}...({len(shown)} characters)...{shown[-SHOWN_ID_CHARS // 4:]}"
 
 
 def redact_url(url: str) -> str:

@@ -1176,6 +1176,17 @@ def test_line_endings_any_other_line_break_inside_an_id_is_one_line_naming_it_an
     assert not server.hits
 
 
+def test_an_id_of_a_megabyte_is_cut_in_every_line_and_report_and_kept_whole_in_the_ledgers(server, tmp_path):
+    huge = "h" * 1_000_000 + "-end"
+    server.replies[huge] = [404]
+    code, err, _ = crawl(server, tmp_path, [huge, "ok"], "--url", server.base + "/items?q={id}")
+    assert code == ExitCode.OK and "(1000004 characters)" in err and "-end" in err
+    assert max(map(len, err.splitlines())) < 1000
+    report = (tmp_path / "ids.redrive" / "report.json").read_text()
+    assert len(report) < 20_000 and "(1000004 characters)" in report
+    assert [r["id"] for r in state(tmp_path, "unavailable.jsonl")] == [huge]  # the ledger keeps it whole
+
+
 def test_id_cannot_change_the_path_or_query(server, tmp_path):
     code, _, _ = crawl(server, tmp_path, ["a/../b?x=1&y"])
     assert code == ExitCode.OK
