@@ -75,6 +75,13 @@ unreachable, 70 a bug in redrive (state kept, traceback in STATE_DIR/crash.log),
 
 from __future__ import annotations
 
+import signal
+import sys
+
+if __name__ == "__main__":  # a Ctrl+C while the imports load (requests takes a moment): one line, exit 130
+    signal.signal(signal.SIGINT, lambda *_: (sys.stderr.write("redrive: interrupted while starting; "
+                                                              "rerun the same command\n"), sys.exit(130)))
+
 import argparse
 import base64
 import codecs
@@ -97,11 +104,9 @@ import random
 import re
 import select
 import shutil
-import signal
 import socket
 import ssl
 import stat
-import sys
 import tempfile
 import threading
 import time

@@ -1187,6 +1187,33 @@ def test_an_id_of_a_megabyte_is_cut_in_every_line_and_report_and_kept_whole_in_t
     assert [r["id"] for r in state(tmp_path, "unavailable.jsonl")] == [huge]  # the ledger keeps it whole
 
 
+def past_python_start(pid):
+    """Is the process running redrive's own lines (Linux: its socket module is loaded, which redrive
+    imports after its first handler)? The interpreter's own start is Python's, out of redrive's reach."""
+    try:
+        return "_socket" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return True  # gone, or no /proc: send it now
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.02, 0.05, 0.1, 0.2, 0.4])
+def test_a_ctrl_c_at_any_moment_of_the_start_exits_130_with_one_line_and_no_traceback(tmp_path, delay):
+    ids = write_ids(tmp_path, ["a", "b"])
+    proc = subprocess.Popen([sys.executable, str(HERE / "redrive.py"), str(ids), "--url",
+                             "http://127.0.0.1:9/{id}", "--timeout", "5"], stderr=subprocess.PIPE, text=True)
+    while not past_python_start(proc.pid):
+        time.sleep(0.001)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:  # the first Ctrl+C lost: a failure, and no process left behind
+        proc.kill()
+        _, err = proc.communicate()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+
+
 def test_id_cannot_change_the_path_or_query(server, tmp_path):
     code, _, _ = crawl(server, tmp_path, ["a/../b?x=1&y"])
     assert code == ExitCode.OK
