@@ -703,7 +703,7 @@ def resume(folder, count, opt, left=10):
                 results.write(f'{{"id":"i{n}","url":"u","status":200,"fetched_at":"t","body":{{}}}}\n')
         run = measured(redrive_cmd(ids, base))
         sent, throttled = sent_and_throttled(server_stats(base))
-        check = measured([sys.executable, str(HERE / "redrive.py"), str(ids), "--check"])
+        check = measured([sys.executable, str(REDRIVE[0]), str(ids), "--check"])
     finally:
         proc.terminate()
     rows = [
@@ -1070,7 +1070,7 @@ def nginx_row(binary, folder, rate, burst, nodelay, count, opt, given=None):
         if given == "bare":
             run = measured([sys.executable, __file__, "--paced", url, ids, rate * PACED_SHARE, opt.concurrency])
         else:
-            run = measured([sys.executable, str(HERE / "redrive.py"), str(ids), "--url", url, "-q",
+            run = measured([sys.executable, str(REDRIVE[0]), str(ids), "--url", url, "-q",
                             "--concurrency", str(opt.concurrency), *hand])
     finally:
         server.terminate()
