@@ -4294,7 +4294,11 @@ def records_of(path: Path, block: bytes, first: int) -> Iterable[dict]:
 # ------------------------------------------------------------------ export
 
 
-def export(args, state_dir: Path, out) -> ExitCode:
+#: What a results.jsonl line may hold, as --fields names it.
+RESULT_FIELDS = ("id", "url", "status", "fetched_at", "final_url", "etag", "last_modified", "body_encoding", "body")
+
+
+def export(args, state_dir: Path, out, err) -> ExitCode:
     """--export: the latest result of every done id, in input order (the
     last line of an id wins), read from the state dir: no request, no lock."""
     if args.export == "files" and args.out is None:
@@ -4309,9 +4313,14 @@ def export(args, state_dir: Path, out) -> ExitCode:
         unavailable = latest_records(state_dir / "unavailable.jsonl")
         done -= gone_upstream((i for i in unavailable if i in done), unavailable, fetched)
         fields = [f for f in (args.fields or "id,status,fetched_at").split(",") if f]
+        unknown = [f for f in fields if f.split(".")[0] not in RESULT_FIELDS or "." in f and f.split(".")[0] != "body"]
+        if unknown:
+            raise RedriveError(f"--fields: no result has {unknown[0]!r}; the fields are {', '.join(RESULT_FIELDS)}, "
+                               "and body.PATH for a value inside the body (body.items.0.name)")
         writer = csv.writer(out, lineterminator="\n") if args.export == "csv" else None
         if writer:
             writer.writerow(fields)
+        empty = set(f for f in fields if f.startswith("body."))  # paths no row has had a value at, so far
         taken, renamed = set(), []  #: file names used, in lower case; (id, file) of the ids given another name
         for item_id in (i for i in ids if i in done and i in offsets):
             fh.seek(offsets[item_id])
@@ -4319,7 +4328,9 @@ def export(args, state_dir: Path, out) -> ExitCode:
             if args.export == "jsonl":
                 out.write(line.decode("utf-8"))
             elif writer:
-                writer.writerow([cell(json.loads(line), name) for name in fields])
+                row = [cell(json.loads(line), name) for name in fields]
+                empty -= {name for name, value in zip(fields, row) if value != ""}
+                writer.writerow(row)
             else:
                 name = file_name(item_id, taken)
                 write_file(args.out, name, body_bytes(json.loads(line)))
@@ -4327,6 +4338,8 @@ def export(args, state_dir: Path, out) -> ExitCode:
                     renamed.append(json.dumps({"id": item_id, "file": name}, ensure_ascii=False) + "\n")
         if args.export == "files" and renamed:
             write_file(args.out, NAMES_FILE, "".join(renamed).encode("utf-8"))
+    for name in sorted(empty) if writer else ():
+        print(shown_text(f"redrive: warning: no exported result has a value at {name}; is the path right?"), file=err)
     return ExitCode.OK
 
 
@@ -5189,7 +5202,7 @@ def main(argv=None, *, fx: Effects = Effects(), err=None, out=None, environ=None
             shard = args.shard or (shard_of(state_dir) if state_dir.is_dir() else None) or None
             return int(check(args.ids_file, state_dir, args.quiet, SafeStream(out or sys.stdout), shard))
         if args.export:
-            return int(export(args, state_dir, SafeStream(out or sys.stdout)))
+            return int(export(args, state_dir, SafeStream(out or sys.stdout), err))
         if args.cover:
             return int(cover(args.ids_file, args.cover, SafeStream(out or sys.stdout)))
         cfg = config_from_args(args, environ, read_run_record(default_state_dir(args)))

@@ -1915,6 +1915,27 @@ def test_file_written_where_it_belongs_a_report_path_that_is_no_regular_file_is_
     assert target.read_text() == "kept" and not server.hits
 
 
+@pytest.mark.parametrize("fields, said", [("id,refreshed_at", "'refreshed_at'"), ("id,stauts", "'stauts'"),
+                                          ("id,url.host", "'url.host'")])
+def test_export_an_unknown_field_is_exit_2_naming_the_known_ones(server, tmp_path, fields, said):
+    crawl(server, tmp_path, ["a"])
+    err = io.StringIO()
+    code = redrive.main([str(tmp_path / "ids.txt"), "--export", "csv", "--fields", fields], out=io.StringIO(),
+                        err=err, environ={})
+    assert code == ExitCode.USAGE and said in err.getvalue() and "fetched_at" in err.getvalue()
+    assert err.getvalue().count("\n") == 1
+
+
+def test_export_a_body_path_no_row_has_is_a_warning_and_the_rest_is_written(server, tmp_path):
+    server.replies["a"] = [(200, b'{"price":3}', {"Content-Type": "application/json"})]
+    crawl(server, tmp_path, ["a"])
+    out, err = io.StringIO(), io.StringIO()
+    code = redrive.main([str(tmp_path / "ids.txt"), "--export", "csv", "--fields", "id,body.price,body.prize"],
+                        out=out, err=err, environ={})
+    assert code == ExitCode.OK and out.getvalue().splitlines() == ["id,body.price,body.prize", "a,3,"]
+    assert "body.prize" in err.getvalue() and "body.price" not in err.getvalue()
+
+
 def test_export_names_the_real_line_of_a_bad_results_line(server, tmp_path):
     crawl(server, tmp_path, ["a", "b", "c"])
     results = tmp_path / "ids.redrive" / "results.jsonl"
