@@ -58,9 +58,9 @@ line; a 404 or 410 makes it unavailable; a refresh that fails keeps it.
 When every id goes to one host and it stops answering (refused, no such
 name, connect timeout), redrive probes it with backoff, spends no tries, and
 resumes when it answers, or stops after --tries x --passes probes: exit 69.
-A run whose state dir has nothing done yet halts (exit 3, nothing recorded)
-when its first 20 answers all fail alike (the same 4xx, a TLS error): is
---url right? --no-guard turns this off. With -q, redrive prints only when a
+A run whose state dir has nothing done yet, and a refresh, halt (exit 3,
+nothing recorded) when their first 20 answers all fail alike (the same 4xx,
+a TLS error): is --url right, is the key valid? --no-guard turns this off. With -q, redrive prints only when a
 person must act: an exit code but 0, or ids newly confirmed unavailable.
 When all that is left is due later than the run can usefully wait (past
 --max-time, or past both --cooldown and twice --max-backoff: a long
@@ -676,7 +676,7 @@ def misconfiguration_sign(out: "Outcome", cfg: "Config") -> Optional[str]:
 
 
 class Guard:
-    """The misconfiguration guard of a run with nothing done yet.
+    """The misconfiguration guard of a run with nothing done yet, or of a refresh.
 
     It holds back the first answers while they all fail alike; once `size`
     of them agree, it trips: the run halts like a fatal answer and nothing is
@@ -3402,7 +3402,8 @@ class Settler:
             for held, out in self.guard.offer(item, outcome, misconfiguration_sign(outcome, self.cfg)):
                 self.settle(held, out)
             if self.guard.tripped and not self.tally.misconfigured:
-                self.tally.misconfigured = {"sign": self.guard.sign, "id": item.id, "answers": self.guard.size}
+                self.tally.misconfigured = {"sign": self.guard.sign, "id": item.id, "answers": self.guard.size,
+                                            "refresh": item.prior is not None}
                 self.tally.stopping(Stop.MISCONFIGURED, self.fx.clock(), self.cfg)
         else:
             decision = self.settle(item, outcome)
@@ -4097,9 +4098,11 @@ def stop_lines(tally: Tally, cfg: Config, redact: Redactor) -> list:
     if tally.stop is Stop.MISCONFIGURED:
         m = tally.misconfigured
         url = redact(redact_url(build_url(cfg.request.url, m["id"])))
-        return [f"redrive: halted: the first {m['answers']} answers were all {m['sign']}, "
-                f"e.g. {cfg.request.method} {url} "
-                f"-> {m['sign']}; is --url (or the ids file) right?",
+        head = f"redrive: halted: the first {m['answers']} answers were all {m['sign']}, e.g. {cfg.request.method} {url} "
+        if m.get("refresh"):  # ids that answered before: the key or the set-up changed, not every item
+            return [head + f"-> {m['sign']}, for ids that answered before; is the key still valid, and --url right?",
+                    "  no result was dropped; fix it and rerun, or give --no-guard if such answers are expected"]
+        return [head + f"-> {m['sign']}; is --url (or the ids file) right?",
                 "  nothing was marked failed or unavailable; fix it and rerun (no id is done yet, so a changed "
                 "--url is taken), or give --no-guard if such answers are expected"]
     if tally.stop is Stop.CRASH:
@@ -5042,7 +5045,9 @@ def run_passes(cfg: Config, fx: Effects, err, ids: list, state: State, ledger: L
         plan_refresh(due, before, state, cfg, batch, fx)
     counts = batch.settler.counts
     progress.begin(counts["done"] + counts["unavailable"] + counts["refreshed"])
-    if cfg.guard and fresh and batch.timeline.pending() >= GUARD_MIN:  # nothing done yet: is the set-up right?
+    # nothing done yet, or a refresh of ids that answered before: the first answers all failing alike mean the
+    # set-up (the --url, the key) is wrong, not the ids, and are held, not settled (a revoked key's 404s are no verdict)
+    if cfg.guard and (fresh or before) and batch.timeline.pending() >= GUARD_MIN:
         batch.settler.guard = Guard(min(GUARD_SAMPLE, batch.timeline.pending()))
     again = f", {batch.timeline.pending() - new} to refresh (fetched before {before[:16]}Z)" if before else ""
     progress.say(f"redrive: {len(ids)} ids, {new} to fetch{again}, state in {cfg.state_dir}")

@@ -1500,6 +1500,30 @@ def test_a_refresh_that_fails_keeps_the_last_result_says_so_even_with_q_and_is_o
     assert crawl(server, tmp_path, ["k", "m"], fake=fake)[0] == ExitCode.OK and not server.hits  # it is over
 
 
+@pytest.mark.parametrize("status", [404, 403], ids=["404 (GitHub's answer to a revoked token)", "403"])
+def test_local_fault_a_refresh_whose_answers_all_fail_alike_halts_and_settles_nothing_gone(server, tmp_path, status):
+    ids, fake = [f"r{n:02}" for n in range(40)], FakeTime()
+    assert crawl(server, tmp_path, ids, fake=fake)[0] == ExitCode.OK
+    server.replies.update({item: [status] for item in ids})  # the token was revoked: every id answers alike
+    fake.now += 60
+    code, err, _ = crawl(server, tmp_path, ids, "--refresh", fake=fake)
+    assert code == ExitCode.FATAL and "halted: the first" in err and "is the key still valid" in err
+    assert state(tmp_path, "unavailable.jsonl") == [] and sorted(state(tmp_path, "done.txt")) == ids
+    out = io.StringIO()
+    assert redrive.main([str(tmp_path / "ids.txt"), "--export", "jsonl"], out=out) == ExitCode.OK
+    assert len(out.getvalue().splitlines()) == 40  # every result still exported
+
+
+def test_local_fault_a_refresh_that_finds_a_few_ids_gone_among_answers_settles_them(server, tmp_path):
+    ids, fake = [f"r{n:02}" for n in range(40)], FakeTime()
+    assert crawl(server, tmp_path, ids, fake=fake)[0] == ExitCode.OK
+    server.replies.update({item: [404] for item in ids[:3]})  # three really gone, first in the list
+    fake.now += 60
+    code, err, _ = crawl(server, tmp_path, ids, "--refresh", fake=fake)
+    assert code == ExitCode.OK, err
+    assert sorted(r["id"] for r in state(tmp_path, "unavailable.jsonl")) == ids[:3]
+
+
 def test_a_refresh_killed_midway_goes_on_in_a_plain_rerun_and_asks_no_refreshed_id_again(server, tmp_path):
     ids = [f"r{n}" for n in range(240)]
     server.versions.update({i: (f'"{i}-1"', version(i, 1)) for i in ids})
