@@ -118,7 +118,7 @@ from datetime import datetime, timezone
 from enum import Enum, IntEnum
 from pathlib import Path
 from typing import Any, Callable, Iterable, NamedTuple, Optional
-from urllib.parse import quote, quote_plus, unquote_plus, urlsplit, urlunsplit
+from urllib.parse import quote, quote_plus, unquote, unquote_plus, urlsplit, urlunsplit
 
 try:
     import requests
@@ -1040,7 +1040,7 @@ def redact_url(url: str) -> str:
 
 
 #: The userinfo of a URL's authority, and the separators of its query's pairs (';' as some servers read them).
-USERINFO = re.compile(r"//([^/?#@]*)@")
+USERINFO = re.compile(r"//([^/?#]*)@")  # up to the authority's last '@', where urllib3 splits it
 QUERY_SEPARATOR = re.compile(r"([&;])")
 
 
@@ -5181,9 +5181,9 @@ def secret_query_values(url: str) -> list:
     pairs = (p.partition("=") for p in QUERY_SEPARATOR.split(query)[::2])  # the pairs, not their separators
     values = [form for name, eq, value in pairs if eq and key_like(name) for form in (value, unquote_plus(value))]
     userinfo = USERINFO.search(url)
-    if userinfo:  # a token as userinfo, or the password of user:password
+    if userinfo:  # a token as userinfo, or the password of user:password, as written and decoded
         user, colon, password = userinfo.group(1).partition(":")
-        values.append(password if colon else user)
+        values += [password if colon else user, unquote(password if colon else user)]
     return [v for v in values if v]
 
 

@@ -1272,7 +1272,10 @@ def test_a_netrc_password_echoed_back_by_the_server_is_never_shown(server, tmp_p
     ("http://" + SECRET + "@{host}/items/{{id}}", None),
     ("http://{host}/items/{{id}}?x=1;api%5Fkey=" + SECRET, None),
     ("http://{host}/items/{{id}}?pwd=" + SECRET, None),
-], ids=["a key in --data", "a token as userinfo", "a percent-encoded name after ';'", "a short name"])
+    ("http://me@mail.example:p@" + SECRET + "@{host}/items/{{id}}", None),  # urllib3 splits at the last '@'
+    ("http://me%40mail.example:p%40" + SECRET + "@{host}/items/{{id}}", None),
+], ids=["a key in --data", "a token as userinfo", "a percent-encoded name after ';'", "a short name",
+        "userinfo with '@' in the login and the password", "userinfo percent-encoded"])
 def test_secrets_in_data_userinfo_and_odd_query_names_reach_no_file_and_no_output(server, tmp_path, url, data):
     host = urlsplit(server.base).netloc
     extra = ["--data", data, "--method", "POST"] if data else []
