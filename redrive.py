@@ -95,6 +95,7 @@ import heapq
 import http
 import http.server
 import importlib.util
+import ipaddress
 import itertools
 import json
 import math
@@ -1114,9 +1115,32 @@ def url_problem(url: str) -> Optional[str]:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             return "is not an http(s) URL"
         parts.port  # raises for a port that is not a number from 0 to 65535
-    except ValueError:
-        return "is not a valid URL (a port that is not a number from 1 to 65535, or an unclosed '[')"
+        urllib3.util.parse_url(url)  # the parser that sends it
+    except (ValueError, urllib3.exceptions.LocationParseError):
+        return "is not a valid URL (a port that is not a number from 1 to 65535, an unclosed '[', " \
+               "or a host with a space or a '%')"
+    if not host_name_ok(parts.hostname):
+        return f"has a host no request can reach ({shown_text(parts.hostname[:80])!r}: not a name or an address)"
     return None
+
+
+HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)", re.ASCII)
+
+
+def host_name_ok(host: str) -> bool:
+    """An IP address, or a DNS name (IDNA for other scripts): labels of 1 to 63
+    letters, digits, '-' or '_', 253 characters at most, a final dot allowed."""
+    try:
+        ipaddress.ip_address(host.split("%")[0] if ":" in host else host)
+        return True
+    except ValueError:
+        pass
+    try:
+        ascii_host = host.encode("idna").decode("ascii") if not host.isascii() else host
+    except UnicodeError:
+        return False
+    labels = ascii_host[:-1].split(".") if ascii_host.endswith(".") else ascii_host.split(".")
+    return len(ascii_host) <= 253 and all(HOST_LABEL.fullmatch(label) for label in labels)
 
 
 def parse_codes(text: str) -> frozenset:

@@ -1214,6 +1214,16 @@ def test_a_ctrl_c_at_any_moment_of_the_start_exits_130_with_one_line_and_no_trac
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
 
 
+@pytest.mark.parametrize("url", ["http://a b/{id}", "https://%zz/{id}", "http://.../{id}",
+                                 "http://" + "a" * 300 + ".example/{id}", "http://[::1]]/{id}",
+                                 "http://exa$mple.com/{id}"],
+                         ids=["a space", "a percent", "dots only", "a 300-character label", "a stray ']'", "a '$'"])
+def test_local_fault_a_url_whose_host_cannot_be_valid_is_one_line_exit_2_before_any_request(tmp_path, url):
+    code, err, _ = run_cli([write_ids(tmp_path, ["a", "b"]), "--url", url])
+    assert code == ExitCode.USAGE and err.count("\n") == 1 and "--url" in err
+    assert not (tmp_path / "ids.redrive" / "unavailable.jsonl").exists()
+
+
 def test_id_cannot_change_the_path_or_query(server, tmp_path):
     code, _, _ = crawl(server, tmp_path, ["a/../b?x=1&y"])
     assert code == ExitCode.OK
