@@ -941,8 +941,10 @@ def recommend(bucket: Bucket, status: Optional[int], cause: Cause, reason: str, 
     if cause is Cause.DOT_SEGMENT:
         return f"the URL cannot hold such an id: drop {it} from the input list, or put {{id}} in the query"
     if bucket is Bucket.SKIP:
-        if status in (404, 410):
-            return f"removed upstream ({status}): drop {it} from the input list"
+        if status == 404:  # never there, or gone: a refresh's gone ids say "removed upstream" in their reason
+            return f"not found (404): check {it} or drop {it} from the input list"
+        if status == 410:
+            return f"removed upstream (410): drop {it} from the input list"
         if status == 400:
             return "rejected as a bad request (400): check the ids and the --url template"
         if cause is Cause.TOO_LARGE:

@@ -590,10 +590,10 @@ def test_404_is_unavailable_and_never_retried(server, tmp_path):
     [record] = state(tmp_path, "unavailable.jsonl")
     assert record["id"] == "gone" and record["status"] == 404 and record["bucket"] == "skip"
     assert record["reason"] == "404 Not Found"
-    assert record["action"] == "removed upstream (404): drop it from the input list"
+    assert record["action"] == "not found (404): check it or drop it from the input list"
     assert record["cause"] == "status"
     assert state(tmp_path, "failed.jsonl") == []
-    assert "1 x 404 Not Found: removed upstream (404): drop it from the input list\n      gone\n" in err
+    assert "1 x 404 Not Found: not found (404): check it or drop it from the input list\n      gone\n" in err
     assert crawl(server, tmp_path, ["gone", "ok"])[0] == ExitCode.OK
     assert server.hits["gone"] == 1
 
@@ -1319,7 +1319,7 @@ def test_the_cron_mail_names_what_this_run_changed_and_counts_the_older_residue(
     server.replies.update({item: [404] for item in new[:4]})
     code, err, _ = crawl(server, tmp_path, ["a", *old, *new], "-q")
     assert code == ExitCode.OK
-    assert "  4 x 404 Not Found: removed upstream (404): drop them from the input list" in err
+    assert "  4 x 404 Not Found: not found (404): check them or drop them from the input list" in err
     assert "      new0, new1, new2 and 1 more" in err
     assert "and 36 ids unavailable from earlier runs: see unavailable.jsonl" in err and "old0" not in err
     server.replies["z"] = [401]  # the wrong key: the mail says so, and carries no old residue
@@ -2758,7 +2758,7 @@ def test_summary_groups_the_residue_by_reason_with_one_action_each(server, tmp_p
     server.replies.update({"g1": [404], "g2": [404], "t": [429], "b": [401]})
     code, err, _ = crawl(server, tmp_path, ["g1", "g2", "t", "ok"], "--tries", "1", "--cooldown", "0")
     assert code == ExitCode.OK
-    assert "  2 x 404 Not Found: removed upstream (404): drop them from the input list" in err
+    assert "  2 x 404 Not Found: not found (404): check them or drop them from the input list" in err
     assert "  1 x 429 Too Many Requests: refused for itself after 2 passes while the host took others" in err
     report = json.loads((tmp_path / "ids.redrive" / "report.json").read_text())
     assert [(g["reason"], g["count"]) for g in report["reasons"]] == [("404 Not Found", 2),
