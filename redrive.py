@@ -11,7 +11,7 @@ Each id becomes one request: --url TEMPLATE with {id} replaced by the
 percent-encoded id, or, by default, the line itself as a full http(s) URL.
 
 Every response falls into one bucket:
-  fatal      401, 402 (--fatal): halt at once, mark nothing failed, exit 3
+  fatal      401, 402, 407 (--fatal): halt at once, mark nothing failed, exit 3
   retryable  408, 429, 5xx but 501/505, timeouts, dropped connections, answers
              that are not HTTP, bodies cut short, undecodable, empty or
              invalid (--retry): backoff with jitter, Retry-After honoured
@@ -137,8 +137,9 @@ __version__ = "0.1.0"
 
 # --------------------------------------------------------------- constants
 
-#: Statuses that halt the whole job: no key, no credit. Retrying cannot help.
-FATAL_STATUSES = frozenset({401, 402})
+#: Statuses that halt the whole job: no key, no credit, a proxy that wants
+#: credentials (407 is always the local set-up's). Retrying cannot help.
+FATAL_STATUSES = frozenset({401, 402, 407})
 
 #: Statuses worth another try: throttles and server-side trouble. 501 (Not
 #: Implemented) and 505 (HTTP Version Not Supported) are answers, not trouble.
@@ -279,7 +280,7 @@ class ExitCode(IntEnum):
     OK = 0  #: every id settled: done or confirmed unavailable
     INCOMPLETE = 1  #: some ids still pending or failed; rerun to continue
     USAGE = 2  #: bad command line, input file or state
-    FATAL = 3  #: halted by a fatal response (401, 402, --fatal)
+    FATAL = 3  #: halted by a fatal response (401, 402, 407, --fatal)
     UNREACHABLE = 69  #: the API's host stayed unreachable; its ids are left pending (EX_UNAVAILABLE)
     SOFTWARE = 70  #: a bug in redrive: state kept, traceback in STATE_DIR/crash.log (EX_SOFTWARE)
     LOCKED = 75  #: another run holds the state dir (EX_TEMPFAIL)
@@ -294,7 +295,7 @@ EXIT_MEANINGS = {
     ExitCode.INCOMPLETE: "some ids pending or failed (--max-time, a later pass, a long wait), or a refresh not "
                          "over: rerun",
     ExitCode.USAGE: "bad command line, input or state: one line says what and how to fix it",
-    ExitCode.FATAL: "halted: a fatal answer (401, 402), or every first answer failed alike",
+    ExitCode.FATAL: "halted: a fatal answer (401, 402, 407), or every first answer failed alike",
     ExitCode.UNREACHABLE: "the API's host stayed unreachable; nothing marked failed: rerun later",
     ExitCode.SOFTWARE: "a bug in redrive; state kept, traceback in STATE_DIR/crash.log",
     ExitCode.LOCKED: "another run holds the state dir",
@@ -1644,16 +1645,18 @@ def check_local_settings(cfg: Config, ids: list, redact: Redactor) -> None:
         list({origin_of(i): i for i in itertools.islice(ids, 10 * CHECKED_ORIGINS)}.values())[:CHECKED_ORIGINS]
     bundle = next(((name, os.environ[name]) for name in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
                    if os.environ.get(name)), None)
-    if bundle and any(u.startswith("https:") for u in urls) and not os.path.exists(bundle[1]):
-        raise RedriveError(f"{bundle[0]}={shown_text(bundle[1])!r} names no file: every https request would fail; "
-                           "point it at a CA bundle or unset it", ExitCode.FATAL)
+    if bundle and any(u.startswith("https:") for u in urls):
+        problem = bundle_problem(bundle[1])
+        if problem:
+            raise RedriveError(f"{bundle[0]}={shown_text(bundle[1])!r} {problem}: every https request would fail; "
+                               "point it at a CA bundle or unset it", ExitCode.FATAL)
     for url in urls:
         proxy = requests.utils.select_proxy(url, requests.utils.get_environ_proxies(url))
         if not proxy:
             continue
         shown = redact(redact_url(proxy))
         try:
-            parsed = urllib3.util.parse_url(proxy)
+            parsed = urllib3.util.parse_url(requests.utils.prepend_scheme_if_needed(proxy, "http"))  # as requests does
         except (ValueError, urllib3.exceptions.LocationParseError):
             parsed = None
         if parsed is None or parsed.scheme not in PROXY_SCHEMES or not parsed.host:
@@ -1663,6 +1666,21 @@ def check_local_settings(cfg: Config, ids: list, redact: Redactor) -> None:
             if importlib.util.find_spec("socks") is None:  # PySocks: what requests needs for a socks proxy
                 raise RedriveError(f"the proxy {shown!r} is a socks proxy, and PySocks is not installed: "
                                    "pip install 'requests[socks]', or unset it", ExitCode.FATAL)
+
+
+def bundle_problem(path: str) -> Optional[str]:
+    """Why a CA bundle (a file, or a folder of certificates) cannot verify
+    anything, as ssl loads it; None when it holds a certificate."""
+    if not os.path.exists(path):
+        return "names no file"
+    files = [os.path.join(path, n) for n in sorted(os.listdir(path))[:1000]] if os.path.isdir(path) else [path]
+    for name in files:
+        try:
+            ssl.create_default_context(cafile=name)
+            return None
+        except (ssl.SSLError, OSError, ValueError):
+            continue
+    return "holds no certificate ssl can load" if os.path.isfile(path) else "is a folder with no certificate ssl can load"
 
 
 def expand_env(text: str, environ, where: str) -> str:
@@ -4095,10 +4113,12 @@ def stop_lines(tally: Tally, cfg: Config, redact: Redactor) -> list:
         return [f"redrive: halted: {out.error} for {redact(shown_id(tally.fatal_id))!r} "
                 f"({redact(redact_url(build_url(cfg.request.url, tally.fatal_id)))})",
                 f"  body: {out.excerpt!r}",
-                "  nothing was marked failed; fix the key or the account, then rerun the same command to resume"] + \
+                "  nothing was marked failed; fix the key or the account, then rerun the same command to resume"
+                if out.status != 407 else "  nothing was marked failed; the proxy asks for credentials: fix the "
+                "user and password of the *_proxy URL (or unset it), then rerun the same command to resume"] + \
             ([f"  in a list of URLs on many hosts, one host's {out.status} need not stop the rest: rerun with "
               f"--skip {out.status} to list such ids as unavailable and go on"]
-             if cfg.request.url == "{id}" and out.status is not None else [])
+             if cfg.request.url == "{id}" and out.status not in (None, 407) else [])
     if tally.stop in SIGNAL_STOPS:
         return [f"redrive: {tally.stop.value}; {tally.abandoned} request(s) still in flight were left pending; "
                 "rerun the same command to resume"]

@@ -1756,6 +1756,38 @@ def test_a_local_setting_that_cannot_work_halts_before_anything_is_sent_or_marke
     assert sum(tls_server.hits.values()) == 0 and not (tmp_path / "ids.redrive" / "unavailable.jsonl").exists()
 
 
+@pytest.mark.parametrize("make", ["empty file", "garbage PEM", "text file", "folder with no certificate"])
+def test_local_fault_a_ca_bundle_that_loads_no_certificate_halts_naming_it(tls_server, tmp_path, monkeypatch, make):
+    bundle = tmp_path / "bundle"
+    if make == "folder with no certificate":
+        bundle.mkdir()
+        (bundle / "readme.txt").write_text("not a certificate")
+    else:
+        bundle.write_text({"empty file": "", "text file": "hello\n",
+                           "garbage PEM": "-----BEGIN CERTIFICATE-----\nnot base64!\n-----END CERTIFICATE-----\n"}[make])
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(bundle))
+    code, err, _ = crawl(tls_server, tmp_path, ["a", "b"])
+    assert code == ExitCode.FATAL and "REQUESTS_CA_BUNDLE=" in err and "certificate" in err, err
+    assert sum(tls_server.hits.values()) == 0 and not (tmp_path / "ids.redrive" / "unavailable.jsonl").exists()
+
+
+def test_local_fault_a_407_from_the_proxy_halts_and_names_the_proxy(server, tmp_path):
+    server.replies["b"] = [(407, b"Proxy Authentication Required", {"Proxy-Authenticate": 'Basic realm="p"'})]
+    code, err, _ = crawl(server, tmp_path, ["a", "b", "c"], "--concurrency", "1")
+    assert code == ExitCode.FATAL and "the proxy asks for credentials" in err and "--skip" not in err
+    assert state(tmp_path, "unavailable.jsonl") == [] and state(tmp_path, "failed.jsonl") == []
+
+
+def test_local_fault_a_proxy_given_without_its_scheme_is_used_as_requests_uses_it(server, tmp_path, monkeypatch):
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.setenv("http_proxy", urlsplit(server.base).netloc)  # host:port, no http://
+    ids = write_ids(tmp_path, ["a", "b"])
+    code, err, _ = run_cli([ids, "--url", "http://origin.invalid/items/{id}"])
+    assert code == ExitCode.OK, err
+    assert server.hits == Counter({"a": 1, "b": 1})  # through the proxy: origin.invalid resolves nowhere
+
+
 def test_unwritable_state_dir_is_exit_2(tmp_path):
     if os.geteuid() == 0:
         target = Path("/proc/redrive-cannot-be-here")
