@@ -4135,8 +4135,9 @@ def stop_lines(tally: Tally, cfg: Config, redact: Redactor) -> list:
                 f"longer than --max-backoff; no try was spent: rerun the same command after {iso(tally.due)}"]
     if tally.stop is Stop.LATER and quota and quota["remaining"] < 1 and tally.due >= parse_iso(quota["resets_at"]):
         of = f"/{quota['limit']}" if quota["limit"] is not None else ""
+        due = iso(tally.due)  # the reset the gate waits for: the stop's cause, not a window renewed since
         return [f"redrive: the API's quota is spent ({quota['remaining']}{of} left); it resets at "
-                f"{quota['resets_at'][11:16]} UTC ({quota['resets_at']}), past --max-backoff: rerun then"]
+                f"{due[11:16]} UTC ({due}), past --max-backoff: rerun then"]
     if tally.stop is Stop.LATER:
         return [f"redrive: nothing is due before {iso(tally.due)}, beyond this run's reach "
                 f"(--max-backoff, --cooldown{', --max-time' if cfg.max_time else ''}); "
