@@ -4386,8 +4386,8 @@ def export(args, state_dir: Path, out, err) -> ExitCode:
                 write_file(args.out, name, body_bytes(json.loads(line)))
                 if name != quote(item_id, safe=""):
                     renamed.append(json.dumps({"id": item_id, "file": name}, ensure_ascii=False) + "\n")
-        if args.export == "files" and renamed:
-            write_file(args.out, NAMES_FILE, "".join(renamed).encode("utf-8"))
+        if args.export == "files":
+            prune_export(args.out, taken, renamed, err)
     for name in sorted(empty) if writer else ():
         print(shown_text(f"redrive: warning: no exported result has a value at {name}; is the path right?"), file=err)
     return ExitCode.OK
@@ -4429,6 +4429,8 @@ def neutral(text: str) -> str:
 
 #: --export files: the ids whose file has another name than their own, one JSON line each.
 NAMES_FILE = ".redrive-names.jsonl"
+#: --export files: the names of the files the last export wrote (see prune_export).
+FILES_LIST = ".redrive-files"
 #: Names no common file system takes for a file: Windows' devices, and what is too long anywhere.
 RESERVED_NAMES = frozenset({"con", "prn", "aux", "nul", *(f"{d}{n}" for d in ("com", "lpt") for n in range(1, 10))})
 MAX_NAME_BYTES = 200
@@ -4443,10 +4445,36 @@ def file_name(item_id: str, taken: set) -> str:
     name = name.replace(".", "%2E") if not name.strip(".") else name  # '.' and '..' name no file
     stem = name.split(".")[0].lower()
     if len(name.encode()) > MAX_NAME_BYTES or stem in RESERVED_NAMES or \
-            name.lower() in taken or name == NAMES_FILE:
+            name.lower() in taken or name in (NAMES_FILE, FILES_LIST):
         name = "id-" + hashlib.sha256(item_id.encode("utf-8")).hexdigest()[:40]
     taken.add(name.lower())
     return name
+
+
+def prune_export(folder: Path, taken: set, renamed: list, err) -> None:
+    """--export files: the folder mirrors what is done now. The files an
+    earlier export wrote (listed in FILES_LIST) for ids not done any more are
+    removed; files it never wrote are left, and said."""
+    folder.mkdir(parents=True, exist_ok=True)
+    listed = folder / FILES_LIST
+    try:
+        before = set(listed.read_text(encoding="utf-8").splitlines())
+    except (FileNotFoundError, UnicodeDecodeError):
+        before = set()
+    names = {name for name in os.listdir(folder) if name.lower() in taken}
+    for name in sorted(before - names - {NAMES_FILE, FILES_LIST}):
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+            os.unlink(folder / name)  # an id gone upstream, or out of the list: no stale file looks live
+    strangers = sorted(set(os.listdir(folder)) - names - before - {NAMES_FILE, FILES_LIST})
+    if strangers:
+        print(shown_text(f"redrive: warning: {folder} holds {len(strangers)} file(s) no export wrote, e.g. "
+                         f"{strangers[0]!r}: they are left as they are"), file=err)
+    if renamed:
+        write_file(folder, NAMES_FILE, "".join(renamed).encode("utf-8"))
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(folder / NAMES_FILE)
+    write_file(folder, FILES_LIST, "".join(n + "\n" for n in sorted(names)).encode("utf-8"))
 
 
 def body_bytes(record: dict) -> bytes:

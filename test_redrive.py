@@ -1894,7 +1894,7 @@ def test_export_gives_the_latest_result_of_every_done_id_in_input_order(server, 
     folder = tmp_path / "bodies"
     assert redrive.main([str(ids), "--export", "files", "--out", str(folder)], err=io.StringIO(), environ={}) == 0
     assert json.loads((folder / "b").read_text()) == {"name": "B", "tags": ["x", "y"]}
-    assert (folder / "bin").read_bytes() == b"\xff\x00" and sorted(p.name for p in folder.iterdir()) == ["a", "b", "bin"]
+    assert (folder / "bin").read_bytes() == b"\xff\x00" and sorted(p.name for p in folder.iterdir() if not p.name.startswith(".redrive-")) == ["a", "b", "bin"]
     assert sum(server.hits.values()) == sent  # no request
     err = io.StringIO()
     assert redrive.main([str(ids), "--export", "files"], err=err, environ={}) == ExitCode.USAGE
@@ -1939,7 +1939,7 @@ def test_the_readmes_export_lines_run_as_written_and_give_only_what_is_live(serv
     live = [json.loads(line) for line in (tmp_path / "latest.jsonl").read_text().splitlines()]
     assert [(r["id"], r["body"]["price"]) for r in live] == [("p1", 11), ("p2", 21)]
     assert (tmp_path / "products.csv").read_text().splitlines()[1:] == ["p1,p1,11", "p2,p2,21"]
-    assert sorted(p.name for p in (tmp_path / "bodies").iterdir()) == ["p1", "p2"]
+    assert sorted(p.name for p in (tmp_path / "bodies").iterdir() if not p.name.startswith(".")) == ["p1", "p2"]
     assert done.stdout.splitlines() == ['"p1",11', '"p2",21']  # the jq line: stale and gone rows left out
 
 
@@ -1957,6 +1957,22 @@ def test_file_written_where_it_belongs_export_files_replaces_a_planted_link_and_
     assert not (folder / "a").is_symlink() and json.loads((folder / "a").read_text()) == {"id": "a"}
 
 
+def test_export_files_mirrors_what_is_live_removing_what_an_earlier_export_wrote_for_ids_gone(server, tmp_path):
+    ids, folder = ["p1", "p2", "p3"], tmp_path / "bodies"
+    for item in ids:
+        server.replies[item] = [(200, b'{"v":1}', {"Content-Type": "application/json", "ETag": '"1"'}), 304]
+    server.replies["p3"] = server.replies["p3"][:1] + [404]
+    assert run_cli([write_ids(tmp_path, ids), "--url", server.template], fake=FastForward())[0] == ExitCode.OK
+    export = [str(tmp_path / "ids.txt"), "--export", "files", "--out", str(folder)]
+    assert redrive.main(export, err=io.StringIO(), environ={}) == ExitCode.OK
+    (folder / "mine.txt").write_text("the user's own file")
+    assert run_cli([tmp_path / "ids.txt", "--url", server.template, "--refresh"], fake=FastForward())[0] == 0
+    err = io.StringIO()
+    assert redrive.main(export, err=err, environ={}) == ExitCode.OK
+    assert sorted(n for n in os.listdir(folder) if not n.startswith(".")) == ["mine.txt", "p1", "p2"]  # p3 gone
+    assert "mine.txt" in err.getvalue() and (folder / "mine.txt").read_text() == "the user's own file"
+
+
 def test_file_written_where_it_belongs_ids_no_file_system_can_name_get_a_stable_name_listed_in_the_folder(
         server, tmp_path):
     ids = ["x" * 300, "ABC", "abc", "CON", "nul.txt", "ok"]
@@ -1970,7 +1986,8 @@ def test_file_written_where_it_belongs_ids_no_file_system_can_name_get_a_stable_
     assert sorted(names) == ["CON", "abc", "nul.txt", "x" * 300]  # 'ABC' came first and keeps its own name
     for item, name in [*names.items(), ("ABC", "ABC"), ("ok", "ok")]:
         assert json.loads((folder / name).read_text()) == {"id": item}
-    assert len({n.lower() for n in os.listdir(folder)}) == len(os.listdir(folder)) == 7
+    files = [n for n in os.listdir(folder) if n != ".redrive-files"]
+    assert len({n.lower() for n in files}) == len(files) == 7
 
 
 @pytest.mark.parametrize("kind", ["symlink", "fifo"])
