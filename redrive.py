@@ -60,8 +60,9 @@ name, connect timeout), redrive probes it with backoff, spends no tries, and
 resumes when it answers, or stops after --tries x --passes probes: exit 69.
 A run whose state dir has nothing done yet, and a refresh, halt (exit 3,
 nothing recorded) when their first 20 answers all fail alike (the same 4xx,
-a TLS error): is --url right, is the key valid? --no-guard turns this off. With -q, redrive prints only when a
-person must act: an exit code but 0, or ids newly confirmed unavailable.
+a TLS error): is --url right, is the key valid? --no-guard turns this off.
+With -q, redrive prints only when a person must act: an exit code but 0,
+or ids newly confirmed unavailable.
 When all that is left is due later than the run can usefully wait (past
 --max-time, or past both --cooldown and twice --max-backoff: a long
 Retry-After), the run ends at once with exit 1 and says when to rerun.
@@ -790,8 +791,8 @@ HEADER_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?", re.ASCII)
 def decimal(text, low: int, high: int) -> Optional[int]:
     """A whole number written in ASCII decimal digits (no sign, no '²', no
     '١٢' that str.isdigit and int accept) from low to high; None otherwise.
-    Every number read from outside (an environment variable, a command-line
-    value, a state file's text) goes through it."""
+    Numbers in text from outside (the environment, --shard, --retry-unavailable,
+    a --fields index) go through it; headers through HEADER_NUMBER."""
     if not isinstance(text, str) or not (0 < len(text) <= 20 and text.isascii() and text.isdigit()):
         return None
     number = int(text)
@@ -1409,7 +1410,7 @@ class Host:
         says it is a rate limit. True when it is the host's (see 3)."""
         self.answered(now, sent, declared, fresh=fresh, taken=False)
         self.refusals += 1
-        spent = declared is not None and declared.remaining < 1 and declared.reset > 0  # a reset now or past: a plain refusal
+        spent = declared is not None and declared.remaining < 1 and declared.reset > 0  # a reset now or past: no wait
         refusing = self.last_ok < self.cut_at  # nothing taken since the cut: it refuses everything (see 5)
         if not (said or spent or refusing or sent <= self.cut_at or fresh and self.over_background()):
             if self.w_max is None:  # slow start: a refused slot is not filled again, whoever's the refusal
@@ -1425,15 +1426,15 @@ class Host:
             probe = min(max(PROBE_SHARE * (now - self.refusing_since), 1.0 / self.rate(now)), self.longest)
             self.pause(now, probe if wait is None else wait)
         else:
-            self.cut(now, sent)
+            self.cut(now)
         return True
 
     def pause(self, now: float, wait: Optional[float]) -> None:
         if wait is not None:
             self.paused_until = max(self.paused_until, now + wait)
 
-    def cut(self, now: float, sent: float) -> None:
-        """W_max to the pace the refused request was sent at; unpaced, to the pace the host took (see 4)."""
+    def cut(self, now: float) -> None:
+        """W_max to the pace the host took; the rate to BETA x W_max, back to W_max in K (see 4)."""
         self.w_max = min(self.taken(now, self.recent[max(0, len(self.recent) - SHARE_ANSWERS)][0]),
                          self.taken(now, now - RATE_SPAN))
         self.cut_at, self.sample = now, self.sample or [0, 0]  # cuts in a row share one sample (see 4)
@@ -3535,11 +3536,11 @@ class Settler:
         hosts = host.throttled(now, item.sent, out.retry_after, fresh=not item.refused, said=out.said,
                                declared=out.quota)
         item.refused = not hosts  # its own trouble: its next refusal is no fresh sign of the host's
-        if hosts and host.refusing_for(now) > cap and not self.tally.throttled:
-            self.tally.throttled = {"host": shown_host(build_url(self.cfg.request.url, item.id)),
-                                    "since": iso(self.fx.wallclock() - host.refusing_for(now))}
         if hosts and host.refusing_for(now) > cap:  # nothing taken for longer than --max-backoff
-            host.pause(now, max(2 * cap, self.cfg.cooldown) + 1.0)
+            host.pause(now, max(2 * cap, self.cfg.cooldown) + 1.0)  # past the run's reach (see beyond_reach)
+            self.tally.throttled = self.tally.throttled or {
+                "host": shown_host(build_url(self.cfg.request.url, item.id)),
+                "since": iso(self.fx.wallclock() - host.refusing_for(now))}
         return hosts and (spent or (out.retry_after or 0.0) <= cap)
 
     def _unreachable(self, host: Host, out: Outcome, now: float) -> bool:
