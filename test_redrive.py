@@ -13,6 +13,7 @@ import json
 import math
 import os
 import queue
+import random
 import re
 import shutil
 import signal
@@ -21,6 +22,7 @@ import ssl
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import zlib
@@ -2854,9 +2856,11 @@ def drive(serve, count, until=900.0, latency=0.02, cap=32, tmp=None, **options):
     own interpret. Returns when each id ended and how (from the state
     files), the requests, the refusals, the refusals sent after the first
     answer that declared a quota, and the times requests were sent."""
-    import random
-    import tempfile
-    folder = Path(tmp or tempfile.mkdtemp(prefix="drive-"))
+    with tempfile.TemporaryDirectory(prefix="drive-") as folder:
+        return _drive(serve, count, until, latency, cap, Path(tmp or folder), options)
+
+
+def _drive(serve, count, until, latency, cap, folder, options):
     clock = [0.0]
     fx = Effects(clock=lambda: clock[0], wallclock=lambda: WALL + clock[0], sleep=lambda s: None,
                  rand=random.Random(7).random, fsync=lambda fd: None)
