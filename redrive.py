@@ -1273,7 +1273,7 @@ SHARE_SIGMAS = 2.0
 
 #: CUBIC's cut (RFC 9438) to BETA x W_max, and its curve's time scale in requests:
 #: back at W_max after CUBIC_C requests' worth of time at W_max (at least RATE_SPAN),
-#: so a limit of 1 r/s is probed as rarely, per request, as one of 500 r/s.
+#: so a slow limit is probed past as rarely, per request sent, as a fast one.
 BETA = 0.7
 CUBIC_C = 30.0
 
