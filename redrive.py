@@ -4262,7 +4262,10 @@ def cover(ids_file: Path, state_dirs: list, out) -> ExitCode:
     ids = read_ids(ids_file)[0]
     shards, done_in, problems = {}, {}, []
     for state_dir in state_dirs:
-        shard = shard_of(state_dir) if state_dir.is_dir() else False
+        if not state_dir.is_dir():
+            raise RedriveError(f"{state_dir}: no such folder; give the state dirs of the shards (a shard's run "
+                               "makes IDS.shard-K-of-N.redrive beside the ids file, or the --state-dir it was given)")
+        shard = shard_of(state_dir)
         if not shard:
             raise RedriveError(f"{state_dir}: no shard's state dir (its run.json names no --shard); give the state "
                                "dirs of the shards")

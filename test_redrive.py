@@ -3687,6 +3687,13 @@ def test_number_from_outside_a_quota_header_in_other_digits_is_no_quota(headers)
     assert redrive.declared_quota(requests.structures.CaseInsensitiveDict(headers), WALL) is None
 
 
+def test_cover_with_a_folder_that_does_not_exist_says_so_and_where_shards_keep_their_state(tmp_path):
+    ids = write_ids(tmp_path, ["a"])
+    code, err, _ = run_cli([ids, "--cover", tmp_path / "state-1"])
+    assert code == ExitCode.USAGE and "no such folder" in err and "run.json" not in err
+    assert ".shard-K-of-N.redrive" in err and err.count("\n") == 1
+
+
 def test_shards_run_by_a_job_engine_are_disjoint_resume_in_their_own_dir_and_cover_the_list(server, tmp_path):
     ids = [f"j{n}" for n in range(90)]
     server.replies.update({item: [("sleep", 0.03, 200)] for item in ids})
