@@ -91,6 +91,7 @@ import csv
 import dataclasses
 import email.utils
 import functools
+import glob
 import hashlib
 import heapq
 import http
@@ -1625,9 +1626,11 @@ def check_urls(cfg: Config, ids: list, redact: Redactor) -> None:
     for item_id in ids:
         problem = url_problem(item_id)
         if problem:
+            shards = sorted(cfg.ids_file.parent.glob(f"{glob.escape(cfg.ids_file.stem)}.shard-*-of-*.redrive"))
+            hint = f"; or is it run in shards ({shards[0].name}, ...)? give --shard K/N" if shards else ""
             raise RedriveError(
                 f"{cfg.ids_file} line {line_of(cfg.ids_file, item_id)}: {shown_text(redact(redact_url(item_id))[:80])!r} "
-                f"{problem}; list full URLs, or give --url TEMPLATE with {{id}}")
+                f"{problem}; list full URLs, or give --url TEMPLATE with {{id}}{hint}")
 
 
 #: Proxy URL schemes requests can use; socks ones need PySocks.

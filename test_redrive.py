@@ -3687,6 +3687,15 @@ def test_number_from_outside_a_quota_header_in_other_digits_is_no_quota(headers)
     assert redrive.declared_quota(requests.structures.CaseInsensitiveDict(headers), WALL) is None
 
 
+def test_a_bare_run_beside_shard_dirs_says_the_list_is_run_in_shards(server, tmp_path):
+    ids = write_ids(tmp_path, ["p00001", "p00002"])
+    code, err, _ = run_cli([ids, "--url", server.template, "--shard", "1/2"])
+    assert code == ExitCode.OK, err
+    code, err, _ = run_cli([ids])  # a bare rerun beside the shard's state dir, without --shard
+    assert code == ExitCode.USAGE and "ids.shard-1-of-2.redrive" in err and "--shard K/N" in err
+    assert err.count("\n") == 1
+
+
 def test_cover_with_a_folder_that_does_not_exist_says_so_and_where_shards_keep_their_state(tmp_path):
     ids = write_ids(tmp_path, ["a"])
     code, err, _ = run_cli([ids, "--cover", tmp_path / "state-1"])
