@@ -4889,6 +4889,9 @@ def config_from_args(args, environ, record: Optional[dict]) -> Config:
     method = args.method or "GET"
     if not METHOD.match(method):
         raise RedriveError(f"--method {method[:20]!r} is not an HTTP method; give GET, POST, ...")
+    if args.dry_run:  # it sends nothing: a ${VAR} not set is shown by its name, not asked for
+        specs = " ".join([args.url or "", args.data or "", *args.header])
+        environ = {**{name: f"${{{name}}}" for name in ENV_REF.findall(specs)}, **environ}
     headers = [parse_header(h, environ) for h in args.header]
     fatal, retry, skip = resolve_buckets(args.fatal, args.retry, args.skip)
     refresh = 0.0 if args.refresh else args.refresh_older_than

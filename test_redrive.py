@@ -1833,6 +1833,17 @@ def test_the_readmes_options_table_names_every_option_and_no_other():
     assert documented == options - {"--help"}
 
 
+def test_dry_run_needs_no_variable_set_and_shows_its_name_not_a_value(server, tmp_path):
+    ids = write_ids(tmp_path, ["a", "b"])
+    out, err = io.StringIO(), io.StringIO()
+    code = redrive.main([str(ids), "--dry-run", "--url", server.template + "?key=${API_KEY}",
+                         "-H", "Authorization: Bearer ${TOKEN}"], err=err, out=out, environ={})
+    assert code == ExitCode.OK, err.getvalue()
+    assert "/items/a?key=" in out.getvalue() and not server.hits and not (tmp_path / "ids.redrive").exists()
+    code, err, _ = run_cli([ids, "--url", server.template + "?key=${API_KEY}"])  # a real run still asks for it
+    assert code == ExitCode.USAGE and "API_KEY is not set" in err
+
+
 def test_dry_run_sends_nothing_writes_nothing_and_says_what_a_run_would_ask(server, tmp_path):
     server.replies["gone"] = [404]
     crawl(server, tmp_path, ["a", "gone"])
