@@ -4378,7 +4378,7 @@ def export(args, state_dir: Path, out, err) -> ExitCode:
         if writer:
             writer.writerow(fields)
         empty = set(f for f in fields if f.startswith("body."))  # paths no row has had a value at, so far
-        taken, renamed = set(), []  #: file names used, in lower case; (id, file) of the ids given another name
+        taken, written, renamed = set(), set(), []  #: names given, in lower case and as written; (id, file) renamed
         for item_id in (i for i in ids if i in done and i in offsets):
             fh.seek(offsets[item_id])
             line = fh.readline()
@@ -4389,12 +4389,13 @@ def export(args, state_dir: Path, out, err) -> ExitCode:
                 empty -= {name for name, value in zip(fields, row) if value != ""}
                 writer.writerow(row)
             else:
-                name = file_name(item_id, taken)
+                name = file_name(item_id, taken, args.out)
+                written.add(name)
                 write_file(args.out, name, body_bytes(json.loads(line)))
                 if name != quote(item_id, safe=""):
                     renamed.append(json.dumps({"id": item_id, "file": name}, ensure_ascii=False) + "\n")
         if args.export == "files":
-            prune_export(args.out, taken, renamed, err)
+            prune_export(args.out, written, renamed, err)
     for name in sorted(empty) if writer else ():
         print(shown_text(f"redrive: warning: no exported result has a value at {name}; is the path right?"), file=err)
     return ExitCode.OK
@@ -4443,32 +4444,33 @@ RESERVED_NAMES = frozenset({"con", "prn", "aux", "nul", *(f"{d}{n}" for d in ("c
 MAX_NAME_BYTES = 200
 
 
-def file_name(item_id: str, taken: set) -> str:
+def file_name(item_id: str, taken: set, folder: Path) -> str:
     """--export files: the id percent-encoded, unless no common file system
-    could hold it (too long, a device name, or a twin by case
-    of a name given already on macOS or Windows): then a stable name from
-    its SHA-256, listed in NAMES_FILE. `taken` gathers the names given, in lower case."""
+    could hold it (too long, a device name, or a twin by case of a name given
+    already on macOS or Windows) or a folder holds the name: then a stable
+    name from its SHA-256, listed in NAMES_FILE. `taken` gathers the names
+    given, in lower case."""
     name = quote(item_id, safe="")
     name = name.replace(".", "%2E") if not name.strip(".") else name  # '.' and '..' name no file
-    stem = name.split(".")[0].lower()
-    if len(name.encode()) > MAX_NAME_BYTES or stem in RESERVED_NAMES or \
-            name.lower() in taken or name in (NAMES_FILE, FILES_LIST):
+    stem, path = name.split(".")[0].lower(), folder / name
+    if len(name.encode()) > MAX_NAME_BYTES or stem in RESERVED_NAMES or name.lower() in taken or \
+            name in (NAMES_FILE, FILES_LIST) or path.is_dir() and not path.is_symlink():
         name = "id-" + hashlib.sha256(item_id.encode("utf-8")).hexdigest()[:40]
     taken.add(name.lower())
     return name
 
 
-def prune_export(folder: Path, taken: set, renamed: list, err) -> None:
-    """--export files: the folder mirrors what is done now. The files an
-    earlier export wrote (listed in FILES_LIST) for ids not done any more are
-    removed; files it never wrote are left, and said."""
+def prune_export(folder: Path, names: set, renamed: list, err) -> None:
+    """--export files: the folder mirrors what is done now (`names`, the
+    files this export wrote). The files an earlier export wrote (listed in
+    FILES_LIST) for ids not done any more are removed; files it never wrote
+    are left, and said."""
     folder.mkdir(parents=True, exist_ok=True)
     listed = folder / FILES_LIST
     try:
         before = set(listed.read_text(encoding="utf-8").splitlines())
     except (FileNotFoundError, UnicodeDecodeError):
         before = set()
-    names = {name for name in os.listdir(folder) if name.lower() in taken}
     for name in sorted(before - names - {NAMES_FILE, FILES_LIST}):
         with contextlib.suppress(FileNotFoundError, IsADirectoryError):
             os.unlink(folder / name)  # an id gone upstream, or out of the list: no stale file looks live

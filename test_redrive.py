@@ -1986,6 +1986,17 @@ def test_export_files_mirrors_what_is_live_removing_what_an_earlier_export_wrote
     assert "mine.txt" in err.getvalue() and (folder / "mine.txt").read_text() == "the user's own file"
 
 
+def test_file_written_where_it_belongs_a_folder_named_like_an_id_stops_no_export(server, tmp_path):
+    crawl(server, tmp_path, ["a", "b"])
+    folder = tmp_path / "bodies"
+    (folder / "a").mkdir(parents=True)  # someone's folder where a's file would go
+    code = redrive.main([str(tmp_path / "ids.txt"), "--export", "files", "--out", str(folder)], err=io.StringIO(),
+                        environ={})
+    assert code == ExitCode.OK and (folder / "a").is_dir() and json.loads((folder / "b").read_text()) == {"id": "b"}
+    [moved] = map(json.loads, (folder / ".redrive-names.jsonl").read_text().splitlines())
+    assert moved["id"] == "a" and json.loads((folder / moved["file"]).read_text()) == {"id": "a"}
+
+
 def test_file_written_where_it_belongs_ids_no_file_system_can_name_get_a_stable_name_listed_in_the_folder(
         server, tmp_path):
     ids = ["x" * 300, "ABC", "abc", "CON", "nul.txt", "ok"]
