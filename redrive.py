@@ -197,6 +197,11 @@ ERROR_BODY_BYTES = 65536
 
 READ_CHUNK = 65536
 
+#: Answers on a reused connection, per host, watched for a stray answer
+#: behind them, each for up to its own time or IN_STEP_WAIT s (see in_step).
+IN_STEP_CHECKS = 8
+IN_STEP_WAIT = 0.25
+
 #: Hosts each worker keeps a keep-alive connection to.
 POOLED_HOSTS = 16
 
@@ -243,6 +248,9 @@ TLS_ERROR = "TLS error (certificate or handshake)"
 
 #: The reason given an id that would be a '.' or '..' path segment: never sent.
 DOT_SEGMENT = "an id that is a path step ('.' or '..'), never sent"
+
+#: The reason given an answer a second answer followed on its kept-alive connection.
+OUT_OF_STEP = "another answer followed it on the connection: asked again on a new one"
 
 #: The reason given a POST or PATCH that failed after it may have reached the server.
 MAY_HAVE_BEEN_PROCESSED = "may have been processed"
@@ -350,6 +358,7 @@ class Cause(Enum):
     DOT_SEGMENT = "dot segment"  #: an id that would be a path step: never sent
     MAY_HAVE_BEEN_PROCESSED = "may have been processed"  #: a POST that failed past the point of no return
     THROTTLED = "throttled"  #: an answer that says it is a rate limit: a 403 or a GraphQL 200 so marked
+    OUT_OF_STEP = "out of step"  #: another answer followed on the connection: this one may have been its neighbour's
 
 
 CAUSES = frozenset(cause.value for cause in Cause)
@@ -2539,6 +2548,22 @@ class Watchdog:
                 self.cond.wait(wait)
 
 
+def buffered(fp) -> bytes:
+    """What a socket's buffered reader holds, and what can be read at once."""
+    sock = getattr(getattr(fp, "raw", None), "_sock", None)
+    if sock is None:
+        return b""
+    timeout = sock.gettimeout()
+    try:
+        sock.settimeout(0)
+        return fp.peek(1)
+    except (OSError, ValueError):  # nothing to read now (SSLWantReadError), or the connection is broken
+        return b""
+    finally:
+        with contextlib.suppress(OSError):
+            sock.settimeout(timeout)
+
+
 class FinalResponse(http.client.HTTPResponse):
     """http.client's response, reading past every 1xx interim answer.
 
@@ -2548,6 +2573,14 @@ class FinalResponse(http.client.HTTPResponse):
     """
 
     interim = 0
+    leftover = False  #: bytes were read past the answer's end: another answer (see in_step)
+
+    def _close_conn(self):
+        """The answer is read: look at what its buffer read past it (a
+        connection must carry nothing more), which closing it would drop."""
+        if self.fp is not None and not self.leftover:
+            self.leftover = bool(buffered(self.fp))
+        super()._close_conn()
 
     def _read_status(self):
         version, status, reason = super()._read_status()
@@ -2560,17 +2593,22 @@ class FinalResponse(http.client.HTTPResponse):
 
 
 class WatchedConnection:
-    """urllib3's connection, seen by the attempt's watchdog and reading past 1xx."""
+    """urllib3's connection, seen by the attempt's watchdog and reading past
+    1xx; it counts the requests sent since it connected (see in_step)."""
 
     response_class = FinalResponse
+    sent = 0
 
     def connect(self):
         self._watch()
+        self.sent = 0
         return super().connect()
 
     def request(self, *args, **kwargs):
         self._watch()
-        return super().request(*args, **kwargs)
+        result = super().request(*args, **kwargs)
+        self.sent += 1
+        return result
 
     def _watch(self) -> None:
         attempt = getattr(CURRENT, "attempt", None)
@@ -2637,6 +2675,8 @@ class HostSettings:
 
     def __init__(self, size: int = REMEMBERED_HOSTS):
         self.memo, self.size = {}, size
+        self.single_use = set()  #: origins seen out of step: a new connection for every request (see in_step)
+        self.checked = {}  #: origin -> answers on a reused connection watched for a stray (see in_step)
 
     def __call__(self, url: str, origin: tuple) -> tuple:
         found = self.memo.get(origin)
@@ -2644,6 +2684,7 @@ class HostSettings:
             found = (requests.utils.get_environ_proxies(url), requests.utils.get_netrc_auth(url))
             if len(self.memo) >= self.size:
                 self.memo.clear()
+                self.checked.clear()
             self.memo[origin] = found
         return found
 
@@ -2746,6 +2787,56 @@ def drain_redirect(resp: requests.Response) -> None:
     resp._content, resp._content_consumed = b"", True  # requests takes it as read
 
 
+def stray_bytes(conn, wait: float = 0.0) -> bool:
+    """Whether bytes come on a connection whose answer was read in full,
+    within wait seconds: a second answer, the connection out of step. One
+    byte is read to tell a stray from a close (or a TLS ticket); either way
+    the caller closes the connection."""
+    sock = getattr(conn, "sock", None)
+    if sock is None:
+        return False
+    try:
+        if not (getattr(sock, "pending", lambda: 0)() or urllib3.util.wait_for_read(sock, timeout=wait)):
+            return False
+        sock.settimeout(0)
+        return bool(sock.recv(1))
+    except (OSError, ValueError):  # nothing decrypted yet (SSLWantReadError), or the connection is broken
+        return False
+
+
+def in_step(conn, out: Outcome, hosts: "HostSettings", origin: tuple, has_body: bool, took: float,
+            leftover: bool) -> Outcome:
+    """The outcome, unless the connection carried a stray answer around it.
+
+    An HTTP/1.1 connection pairs answers with requests by order only: a
+    server that answers twice puts one id's answer under the next. Bytes
+    that come after an answer read in full mean the connection is out of
+    step: it is closed, and its host gets a new connection for every
+    request from then on. The answer just read stands only if it was the
+    first on its connection; otherwise it may have been the stray, and the
+    id is asked again. A stray that overtakes the answer is followed by
+    the answer within about an answer's time, so each host's first
+    IN_STEP_CHECKS answers on a reused connection wait that long (at most
+    IN_STEP_WAIT) to see; later ones look only at what has come. A request
+    with a body is never followed on its connection (a server that answered
+    before reading the body takes the rest for a request), nor is an answer
+    that is not a clean success."""
+    if conn is None:
+        return out
+    reused = conn.sent > 1
+    checks = hosts.checked.get(origin, 0)
+    wait = min(took, IN_STEP_WAIT) if reused and checks < IN_STEP_CHECKS else 0.0
+    stray = leftover or stray_bytes(conn, wait)
+    hosts.checked[origin] = checks + bool(wait)
+    if stray:
+        hosts.single_use.add(origin)
+    if stray or has_body or out.bucket is not Bucket.OK or origin in hosts.single_use:
+        conn.close()
+    if stray and reused:
+        return Outcome(Bucket.RETRYABLE, out.status, OUT_OF_STEP, cause=Cause.OUT_OF_STEP)
+    return out
+
+
 def drop_connection(resp: requests.Response) -> None:
     """Close the connection under an answer whose framing is in doubt."""
     conn = getattr(resp.raw, "connection", None)
@@ -2780,7 +2871,7 @@ def fetch(session: GuardedSession, item_id: str, cfg: Config, redact: Redactor,
     url = build_url(cfg.request.url, item_id)
     body = None if cfg.request.data is None else build_body(cfg.request.data, item_id, cfg.request.json_data)
     conditional = prior.headers() if prior else ()
-    attempt = session.watchdog.begin(cfg.timeout)
+    attempt, started = session.watchdog.begin(cfg.timeout), time.monotonic()
     phase, chunked = Phase.REQUEST, False
     try:
         session.origin = origin_of(url)
@@ -2809,11 +2900,9 @@ def fetch(session: GuardedSession, item_id: str, cfg: Config, redact: Redactor,
         outcome = Outcome(Bucket.SKIP, resp.status_code, f"body over {cfg.max_bytes} bytes", cause=Cause.TOO_LARGE)
     else:
         outcome = interpret(resp, raw or b"", bucket, cfg, redact, now(), item_id, bool(conditional))
-    if outcome.bucket is not Bucket.OK and conn is not None:
-        # never reused after anything but a clean answer: a late second answer on it, or a request body the
-        # server left unread, would be taken for the next request's answer (another id's)
-        conn.close()
-    return outcome
+    leftover = getattr(getattr(resp.raw, "_original_response", None), "leftover", False)
+    return in_step(conn, outcome, session.environment, origin_of(resp.url), body is not None,
+                   time.monotonic() - started, leftover)
 
 
 class Inflater:
@@ -2991,13 +3080,33 @@ def validate(text: str, content_type: str, cfg: Config, item_id: str = "") -> tu
             body = text  # JSON nested deeper than Python can hold: kept as its text
         except ValueError:
             return None, "invalid JSON"
+    plain = None
     for needle in cfg.request.require:
-        if needle.replace("{id}", item_id) not in text:  # '"id":"{id}"': the answer is this id's
-            return None, f"missing text {needle!r}"
+        needle = needle.replace("{id}", item_id)  # '"id":"{id}"': the answer is this id's
+        if needle not in text:
+            plain = unescaped(text) if plain is None and body is not text else plain
+            if plain is None or needle not in plain:
+                return None, f"missing text {needle!r}"
     for name in cfg.request.require_field:
         if not isinstance(body, dict) or body.get(name) is None:
             return None, f"missing field {name!r}"
     return strict_json(body, text), None
+
+
+#: A JSON string literal, escapes and all.
+JSON_STRING = re.compile(r'"(?:[^"\\\x00-\x1f]|\\.)*"')
+
+
+def unescaped(text: str) -> str:
+    """JSON text with each string's escapes undone ('a\\/b' is 'a/b',
+    'caf\\u00e9' is 'café'), for --require to find an id however the
+    server chose to escape it."""
+    def plain(match):
+        try:
+            return '"' + json.loads(match.group()) + '"'
+        except ValueError:
+            return match.group()
+    return JSON_STRING.sub(plain, text)
 
 
 #: A JSON escape of a UTF-16 surrogate: it may decode to a lone one, which UTF-8 cannot hold.

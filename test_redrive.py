@@ -201,6 +201,7 @@ class RawServer:
                 conn, _ = self.sock.accept()
             except OSError:
                 return  # closed: the test is over
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # each write sent at once, as real servers do
             threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
 
     def handle(self, conn):
@@ -748,7 +749,7 @@ def test_rate_spaces_requests_evenly_across_workers(server, tmp_path):
 
 
 def test_a_new_host_gets_a_few_requests_first_then_the_full_concurrency(server, tmp_path):
-    ids = [f"s{n}" for n in range(40)]
+    ids = [f"s{n}" for n in range(150)]  # the first few reused connections also wait for a stray answer
     for item in ids:
         server.replies[item] = [("sleep", 0.05, 200)]
     code, _, _ = crawl(server, tmp_path, ids, "--concurrency", "12", fake=FastForward())
@@ -4622,3 +4623,56 @@ def test_a_guard_that_releases_at_the_very_end_lets_the_run_finish(server, tmp_p
     code, err, _ = run_in_thread(lambda: crawl(server, tmp_path, [f"g{n}" for n in range(5)]))
     assert code == ExitCode.OK and "internal error" not in err, err
     assert len(state(tmp_path, "unavailable.jsonl")) == 5
+
+
+STRAYS = [  # (what follows each clean answer on its kept-alive connection, concurrency)
+    ("a second 200 2 ms late", [("sleep", 0.002), answer(200, b'{"id":"stray"}', [("Content-Type", "application/json")])], 1),
+    ("a second 200 2 ms late, 4 workers", [("sleep", 0.002), answer(200, b'{"id":"stray"}', [("Content-Type", "application/json")])], 4),
+    ("a late 404", [("sleep", 0.002), answer(404, b"gone")], 1),
+    ("a second 200 in the same write", [answer(200, b'{"id":"stray"}', [("Content-Type", "application/json")])], 1),
+    ("a late 503 after 20 ms", [("sleep", 0.02), answer(503, b"busy")], 2),
+]
+
+
+@pytest.mark.parametrize("stray, after, workers", STRAYS, ids=[row[0] for row in STRAYS])
+def test_class_a_connection_carries_one_answer_per_request(raw_server, tmp_path, stray, after, workers):
+    ids = [f"s{i}" for i in range(40)]
+    raw_server.replies.update({i: [lambda item, hit: ok_answer(item, hit) + after] for i in ids})
+    code, err, _ = crawl(raw_server, tmp_path, ids, "--concurrency", str(workers), "--backoff", "0")
+    assert code == ExitCode.OK, err
+    results = state(tmp_path, "results.jsonl")
+    assert {r["id"]: r["body"]["id"] for r in results} == {i: i for i in ids}  # no id holds another's answer
+    assert sorted(state(tmp_path, "done.txt")) == sorted(ids) and state(tmp_path, "unavailable.jsonl") == []
+
+
+def test_class_a_connection_carries_one_answer_per_request_in_a_refresh(raw_server, tmp_path):
+    ids = [f"r{i}" for i in range(30)]
+
+    def tagged(item, hit):
+        return [answer(200, json.dumps({"id": item}).encode(), [("Content-Type", "application/json"), ("ETag", f'"{item}"')])]
+
+    def unchanged_then_stray(item, hit):  # a 304, then 2 ms later another id's 200
+        other = answer(200, b'{"id":"stray"}', [("Content-Type", "application/json"), ("ETag", '"stray"')])
+        return [answer(304, b"", [("ETag", f'"{item}"')], length=False), ("sleep", 0.002), other]
+    raw_server.replies.update({i: [tagged, unchanged_then_stray] for i in ids})
+    assert crawl(raw_server, tmp_path, ids, "--concurrency", "2")[0] == ExitCode.OK
+    code, err, _ = crawl(raw_server, tmp_path, ids, "--concurrency", "2", "--refresh", "--backoff", "0")
+    assert code == ExitCode.OK, err
+    assert {i: r["body"]["id"] for i, r in latest(tmp_path).items()} == {i: i for i in ids}
+    assert sorted(state(tmp_path, "done.txt")) == sorted(ids) and state(tmp_path, "unavailable.jsonl") == []
+    code, err, _ = run_cli([str(tmp_path / "ids.txt"), "--url", raw_server.template, "--check"])
+    assert code == ExitCode.OK, err
+
+
+def test_class_require_finds_the_id_however_the_json_escapes_it(raw_server, tmp_path):
+    ids = ["a/b", "café", 'q"t', "b\\s", "t\tab", "\U0001f600"]  # the last is a surrogate pair when escaped
+
+    def escaped(item, hit):  # what PHP's json_encode and many others send
+        body = json.dumps({"id": item}, ensure_ascii=True, separators=(",", ":")).replace("/", "\\/")
+        return [answer(200, body.encode(), [("Content-Type", "application/json")])]
+    raw_server.replies.update({i: [escaped] for i in ids + ["other"]})
+    raw_server.replies["x"] = [lambda item, hit: escaped("not x", hit)]
+    code, err, _ = crawl(raw_server, tmp_path, ids + ["x"], "--require", '"id":"{id}"', "--tries", "1", "--passes", "1")
+    assert code == ExitCode.OK, err
+    assert sorted(state(tmp_path, "done.txt")) == sorted(ids)
+    assert [r["id"] for r in state(tmp_path, "unavailable.jsonl")] == ["x"]  # another id's answer is still refused
