@@ -58,9 +58,9 @@ line; a 404 or 410 makes it unavailable; a refresh that fails keeps it.
 When every id goes to one host and it stops answering (refused, no such
 name, connect timeout), redrive probes it with backoff, spends no tries, and
 resumes when it answers, or stops after --tries x --passes probes: exit 69.
-A run whose state dir has nothing done yet, and a refresh, halt (exit 3,
-nothing recorded) when their first 20 answers all fail alike (the same 4xx,
-a TLS error): is --url right, is the key valid? --no-guard turns this off.
+A run halts (exit 3, nothing recorded for them) when 20 answers in a row
+fail alike (the same 4xx, a TLS error), first or after answers that were
+fine: is --url right, is the key valid? --no-guard turns this off.
 With -q, redrive prints only when a person must act: an exit code but 0,
 or ids newly confirmed unavailable.
 When all that is left is due later than the run can usefully wait (past
@@ -208,7 +208,7 @@ POOLED_HOSTS = 16
 #: Hosts whose proxy and .netrc settings are remembered (see HostSettings).
 REMEMBERED_HOSTS = 1024
 
-#: The misconfiguration guard halts when this many first answers fail alike
+#: The misconfiguration guard halts when this many answers in a row fail alike
 #: (or all of them, in a run of fewer ids, but at least GUARD_MIN).
 GUARD_SAMPLE = 20
 GUARD_MIN = 5
@@ -305,7 +305,7 @@ EXIT_MEANINGS = {
     ExitCode.INCOMPLETE: "some ids pending or failed (--max-time, a later pass, a long wait), or a refresh not "
                          "over: rerun",
     ExitCode.USAGE: "bad command line, input or state: one line says what and how to fix it",
-    ExitCode.FATAL: "halted: a fatal answer (401, 402, 407), or every first answer failed alike",
+    ExitCode.FATAL: "halted: a fatal answer (401, 402, 407), or a row of answers that failed alike",
     ExitCode.UNREACHABLE: "the API's host stayed unreachable; nothing marked failed: rerun later",
     ExitCode.SOFTWARE: "a bug in redrive; state kept, traceback in STATE_DIR/crash.log",
     ExitCode.LOCKED: "another run holds the state dir",
@@ -334,7 +334,7 @@ class Stop(Enum):
     UNREACHABLE = "unreachable", "the API's host stayed unreachable", "rerun the same command once it is back", \
         ExitCode.UNREACHABLE
     LATER = "later", "not due yet", "rerun the same command later", None
-    MISCONFIGURED = "misconfigured", "run halted: its first answers all failed alike", \
+    MISCONFIGURED = "misconfigured", "run halted: a row of its answers all failed alike", \
         "check --url and the ids file, then rerun", ExitCode.FATAL
     CRASH = "crash", "run stopped by an internal error", "rerun to resume; report crash.log if it happens again", \
         ExitCode.SOFTWARE
@@ -453,7 +453,7 @@ class Config:
     fsync: bool = False
     report: Optional[Path] = None
     allow_config_change: bool = False
-    guard: bool = True  #: halt when the first answers of a fresh state dir all fail alike
+    guard: bool = True  #: halt when a row of answers fail alike (see Guard)
     retry_unsafe: bool = False  #: retry POST/PATCH even when the attempt may have been processed
     secrets: tuple = ()  #: header values and ${VAR} values: shown as *** if ever echoed
 
@@ -512,6 +512,7 @@ class Item:
     tries: int = 0
     host: str = ""  #: the origin it is sent to: throttles and caps are per host
     sent: float = -1.0  #: when its last request started (-1: never, in this pass)
+    order: int = 0  #: its last request's place among the run's requests (see Guard)
     refused: bool = False  #: its last answer was a refusal of its own: a new one is no fresh sign (see Host)
     throttles: int = 0  #: its refusals in a row (see Settler._throttled)
     streak: tuple = (0, 0)  #: its host's (takes, refusals) at the first of them
@@ -689,33 +690,46 @@ def misconfiguration_sign(out: "Outcome", cfg: "Config") -> Optional[str]:
 
 
 class Guard:
-    """The misconfiguration guard of a run with nothing done yet, or of a refresh.
+    """The misconfiguration guard: a row of answers no real list gives.
 
-    It holds back the first answers while they all fail alike; once `size`
-    of them agree, it trips: the run halts like a fatal answer and nothing is
-    recorded for them (they stay pending, and so do the alike answers still
-    in flight). The first answer that differs opens it for good, and every
-    held answer is settled as it would have been.
+    It holds back answers that fail alike (one misconfiguration_sign) while
+    they come in a row; `size` of them in a row trip it: the run halts like
+    a fatal answer and nothing is recorded for them (they stay pending, and
+    so do the alike answers still in flight). Any other answer ends the row,
+    and every held answer is settled as it would have been. It watches the
+    whole run, so it catches the first answers failing alike (a wrong --url)
+    and a row of them after answers that were fine (a key revoked mid-run,
+    an API that answers an unauthorized request 404, a refresh's "gone").
     """
 
-    def __init__(self, size: int):
-        self.size, self.open, self.tripped = size, size > 0, False
-        self.sign, self.held = None, []
+    def __init__(self, size: int, fresh: bool = True):
+        self.size, self.open, self.tripped, self.fresh = size, size > 0, False, fresh
+        self.sign, self.held, self.fine = None, [], 0  #: fine: answers that were not alike failures
+        self.began = 0  #: the place of the row's first request among the run's requests
 
-    def offer(self, item: "Item", out: "Outcome", sign: Optional[str]) -> list:
-        """The (item, outcome) pairs to settle now: none while holding."""
-        if sign is not None and sign == (self.sign or sign):
-            self.sign = sign
-            if not self.tripped:
-                self.held.append((item, out))
-                self.tripped = len(self.held) >= self.size
-            return []
-        released, self.held, self.open = [*self.held, (item, out)], [], self.tripped
-        return released if not self.tripped else [(item, out)]
+    def offer(self, item: "Item", out: "Outcome", sign: Optional[str], sent: int = 0) -> list:
+        """The (item, outcome) pairs to settle now: none while holding. A row
+        is in the order requests were sent: an answer to a request sent
+        before the row began (one in flight beside it) does not end it."""
+        if self.tripped:
+            return [] if sign == self.sign else [(item, out)]
+        if sign is None:
+            self.fine += 1
+            if self.held and sent < self.began:
+                return [(item, out)]
+            released, self.held, self.sign = [*self.held, (item, out)], [], None
+            return released
+        released, self.held = (self.held, []) if sign != self.sign else ([], self.held)
+        if not self.held:
+            self.began = sent
+        self.sign = sign
+        self.held.append((item, out))
+        self.tripped = len(self.held) >= self.size
+        return released
 
     def release(self) -> list:
-        """Open for good and hand back what is held (the run ran out of answers first)."""
-        released, self.held, self.open = self.held, [], False
+        """Hand back what is held: the run ran out of answers first."""
+        released, self.held = self.held, []
         return released
 
 
@@ -3221,7 +3235,7 @@ class Schedule:
         self.heap, self.seq = [], itertools.count()  #: (ready_at, seq, item): ids waiting for their time
         self.hosts, self.active = {}, deque()  #: Host by name; hosts with ready ids, round robin
         self.next_slot = 0.0  #: --rate: when the next request may start
-        self.inflight = 0
+        self.inflight, self.starts = 0, itertools.count(1)  #: requests in flight; numbers for those started
         self.pauses = {}  #: host name -> the end of its pause, for the hosts an answer paused
         self.quoted = set()  #: the hosts that declared a quota (see quota)
         self.fixed_host = None if "{id}" in urlsplit(cfg.request.url).netloc or cfg.request.url == "{id}" else \
@@ -3287,7 +3301,7 @@ class Schedule:
         if not host.ready:
             self.active.pop()  # the host _open_host left last: no scan of a million hosts
         host.start(now)
-        item.sent = now
+        item.sent, item.order = now, next(self.starts)
         if self.cfg.rate:
             self.next_slot = max(self.next_slot, now) + 1.0 / self.cfg.rate
         self.inflight += 1
@@ -3555,12 +3569,14 @@ class Settler:
             self.schedule(item, self.fx.clock() + wait)  # its own wait, whether or not the host pauses
             decision = f"the host's {'throttle' if outcome.throttle else 'trouble'}: again, no try spent"
         elif self.guard.open:
-            decision = "held until the first answers show the set-up is right"
-            for held, out in self.guard.offer(item, outcome, misconfiguration_sign(outcome, self.cfg)):
-                self.settle(held, out)
+            decision = "held while answers fail alike in a row (see --no-guard)"
+            for held, out in self.guard.offer(item, outcome, misconfiguration_sign(outcome, self.cfg), item.order):
+                settled = self.settle(held, out)
+                decision = settled if held is item else decision
             if self.guard.tripped and not self.tally.misconfigured:
                 self.tally.misconfigured = {"sign": self.guard.sign, "id": item.id, "answers": self.guard.size,
-                                            "refresh": item.prior is not None}
+                                            "refresh": item.prior is not None, "fine": self.guard.fine,
+                                            "fresh": self.guard.fresh}
                 self.tally.stopping(Stop.MISCONFIGURED, self.fx.clock(), self.cfg)
         else:
             decision = self.settle(item, outcome)
@@ -4259,8 +4275,13 @@ def stop_lines(tally: Tally, cfg: Config, redact: Redactor) -> list:
         m = tally.misconfigured
         url = redact(redact_url(build_url(cfg.request.url, m["id"])))
         head = f"redrive: halted: the first {m['answers']} answers were all {m['sign']}, e.g. {cfg.request.method} {url} "
-        if m.get("refresh"):  # ids that answered before: the key or the set-up changed, not every item
-            return [head + f"-> {m['sign']}, for ids that answered before; is the key still valid, and --url right?",
+        if m.get("fine"):  # a row after answers that were fine: something changed mid-run
+            return [f"redrive: halted: {m['answers']} ids in a row answered {m['sign']} after {m['fine']} answers "
+                    f"that did not, e.g. {cfg.request.method} {url}; is the key still valid, the API or the network "
+                    "the same?", "  nothing was recorded for them; fix it and rerun, or give --no-guard if such "
+                    "answers are expected"]
+        if m.get("refresh") or not m.get("fresh", True):  # ids that answered before: the key or the set-up changed, not every item
+            return [head + f"-> {m['sign']}, on a state dir with ids done; is the key still valid, and --url right?",
                     "  no result was dropped; fix it and rerun, or give --no-guard if such answers are expected"]
         return [head + f"-> {m['sign']}; is --url (or the ids file) right?",
                 "  nothing was marked failed or unavailable; fix it and rerun (no id is done yet, so a changed "
@@ -4935,7 +4956,7 @@ def add_run_options(run) -> None:
     run.add_argument("--fsync", action="store_true", help="fsync each record before the next step")
     run.add_argument("--allow-config-change", action="store_true", help="accept a request unlike run.json's")
     run.add_argument("--retry-unsafe", action="store_true", help="retry POST/PATCH that may have been processed")
-    run.add_argument("--no-guard", action="store_true", help="don't halt when the first answers all fail alike")
+    run.add_argument("--no-guard", action="store_true", help="don't halt when 20 answers in a row fail alike")
     run.add_argument("--dry-run", action="store_true",
                      help="send nothing, write nothing: say how many ids are done, unavailable and new, and show "
                           "the first five requests, secrets redacted")
@@ -5243,8 +5264,8 @@ def run_passes(cfg: Config, fx: Effects, err, ids: list, state: State, ledger: L
     progress.begin(counts["done"] + counts["unavailable"] + counts["refreshed"])
     # nothing done yet, or a refresh of ids that answered before: the first answers all failing alike mean the
     # set-up (the --url, the key) is wrong, not the ids, and are held, not settled (a revoked key's 404s are no verdict)
-    if cfg.guard and (fresh or before) and batch.timeline.pending() >= GUARD_MIN:
-        batch.settler.guard = Guard(min(GUARD_SAMPLE, batch.timeline.pending()))
+    if cfg.guard and batch.timeline.pending() >= GUARD_MIN:
+        batch.settler.guard = Guard(min(GUARD_SAMPLE, batch.timeline.pending()), fresh)
     again = f", {batch.timeline.pending() - new} to refresh (fetched before {before[:16]}Z)" if before else ""
     progress.say(f"redrive: {len(ids)} ids, {new} to fetch{again}, state in {cfg.state_dir}")
     with StopSignals(batch):

@@ -1317,7 +1317,7 @@ def test_quiet_speaks_once_when_ids_went_unavailable_then_is_silent_again(server
 def test_the_cron_mail_names_what_this_run_changed_and_counts_the_older_residue(server, tmp_path):
     old = [f"old{n}" for n in range(36)]
     server.replies.update({item: [404] for item in old})
-    crawl(server, tmp_path, ["a", *old], "-q")
+    crawl(server, tmp_path, ["a", *old], "-q", "--no-guard")  # a row of 36 404s: the guard would halt it
     new = [f"new{n}" for n in range(100)]
     server.replies.update({item: [404] for item in new[:4]})
     code, err, _ = crawl(server, tmp_path, ["a", *old, *new], "-q")
@@ -4509,13 +4509,14 @@ def test_the_guard_lets_a_run_with_any_other_answer_go_on_and_settles_what_it_he
     assert len(state(tmp_path, "unavailable.jsonl")) == 25 and max(server.hits.values()) == 1
 
 
-def test_no_guard_and_a_state_with_successes_never_halt(server, tmp_path):
+def test_no_guard_never_halts_and_alike_answers_broken_up_by_others_are_settled(server, tmp_path):
     ids = [f"g{n}" for n in range(30)]
     server.replies.update({item: [404] for item in ids})
     assert crawl(server, tmp_path, ids, "--no-guard")[0] == ExitCode.OK
     (tmp_path / "ids.redrive").rename(tmp_path / "first.redrive")
-    crawl(server, tmp_path, ["ok"])  # a success in the state dir: the set-up worked once
-    assert crawl(server, tmp_path, ["ok", *ids])[0] == ExitCode.OK
+    mixed = [item for n in range(0, 30, 10) for item in (*ids[n:n + 10], f"ok{n}")]  # rows of 10 404s
+    assert crawl(server, tmp_path, mixed)[0] == ExitCode.OK
+    assert len(state(tmp_path, "unavailable.jsonl")) == 30
 
 
 def test_verdicts_made_under_an_old_url_are_asked_again_and_a_rotated_key_keeps_them(server, tmp_path):
@@ -4545,12 +4546,14 @@ def test_the_guard_holds_alike_answers_trips_at_its_size_and_lets_everything_go_
     assert tripping.tripped and tripping.held == [("a", "out-a"), ("b", "out-b"), ("c", "out-c")]
     assert tripping.offer("d", "out-d", "404 Not Found") == []  # in flight when it tripped: not recorded either
     assert tripping.offer("e", "out-e", None) == [("e", "out-e")]  # a success is still stored
-    opening = redrive.Guard(3)
-    assert opening.offer("a", 1, "404 Not Found") == [] and opening.offer("b", 2, "403 Forbidden") == [("a", 1), ("b", 2)]
-    assert not opening.open and not opening.tripped
+    rows = redrive.Guard(3)
+    assert rows.offer("a", 1, "404 Not Found") == [] and rows.offer("b", 2, "403 Forbidden") == [("a", 1)]
+    assert rows.offer("c", 3, None) == [("b", 2), ("c", 3)] and not rows.tripped  # a row ends at any other answer
+    assert [rows.offer(i, i, "403 Forbidden") for i in "def"] == [[], [], []]  # it watches the whole run
+    assert rows.tripped and rows.fine == 1
     short = redrive.Guard(3)
     short.offer("a", 1, "TLS error (certificate or handshake)")
-    assert short.release() == [("a", 1)] and not short.open
+    assert short.release() == [("a", 1)] and short.held == []
 
 
 @pytest.mark.parametrize("out, expect_json, sign", [
@@ -4619,7 +4622,7 @@ def test_a_guard_that_releases_at_the_very_end_lets_the_run_finish(server, tmp_p
     server.replies.update({f"g{n}": [404] for n in range(5)})
     monkeypatch.setattr(redrive, "GUARD_SAMPLE", 50)  # more answers awaited than the run will give
     real = redrive.Guard
-    monkeypatch.setattr(redrive, "Guard", lambda size: real(6 if size else 0))
+    monkeypatch.setattr(redrive, "Guard", lambda size, *rest: real(6 if size else 0, *rest))
     code, err, _ = run_in_thread(lambda: crawl(server, tmp_path, [f"g{n}" for n in range(5)]))
     assert code == ExitCode.OK and "internal error" not in err, err
     assert len(state(tmp_path, "unavailable.jsonl")) == 5
@@ -4676,3 +4679,18 @@ def test_class_require_finds_the_id_however_the_json_escapes_it(raw_server, tmp_
     assert code == ExitCode.OK, err
     assert sorted(state(tmp_path, "done.txt")) == sorted(ids)
     assert [r["id"] for r in state(tmp_path, "unavailable.jsonl")] == ["x"]  # another id's answer is still refused
+
+
+@pytest.mark.parametrize("status", [403, 404, 400])
+def test_class_a_row_of_alike_failures_after_successes_halts_any_run(server, tmp_path, status):
+    first = [f"a{n}" for n in range(10)]
+    assert crawl(server, tmp_path, first)[0] == ExitCode.OK  # the set-up worked once
+    later = [f"b{n}" for n in range(60)]
+    server.replies.update({item: [200] if n < 15 else [status] for n, item in enumerate(later)})  # the key revoked
+    code, err, _ = crawl(server, tmp_path, first + later, "--concurrency", "2")
+    assert code == ExitCode.FATAL and f"20 ids in a row answered {status}" in err and "after 15 answers" in err
+    assert state(tmp_path, "unavailable.jsonl") == [] and state(tmp_path, "failed.jsonl") == []
+    assert sorted(state(tmp_path, "done.txt")) == sorted(first + later[:15])
+    assert json.loads((tmp_path / "ids.redrive" / "report.json").read_text())["stop"] == "misconfigured"
+    server.replies.update({item: [200] for item in later})  # a new key: the same command finishes
+    assert crawl(server, tmp_path, first + later)[0] == ExitCode.OK and len(state(tmp_path, "done.txt")) == 70
