@@ -476,6 +476,8 @@ class Outcome:
     retry_after: Optional[float] = None
     excerpt: str = ""
     unreached: bool = False  #: the request never reached the host: see never_connected
+    via: Optional[str] = None  #: the proxy a failure to connect was a failure to reach (host[:port])
+    heard: bool = False  #: a failure after the answer began to arrive: the host is there
     cause: Cause = Cause.STATUS  #: what kind of failure, for recommend
     throttle: bool = False  #: a refusal that says "not now" (see Host): 429, 503, or a rate limit said
     said: bool = False  #: the answer says it is a rate limit (see rate_limit_sign): the host's, always
@@ -2904,12 +2906,15 @@ def fetch(session: GuardedSession, item_id: str, cfg: Config, redact: Redactor,
         unreached = phase is Phase.REQUEST and never_connected(exc)  # more precise than the deadline's cut
         cause = AttemptTimeout() if attempt.expired and not unreached else exc
         bucket, kind, reason = transport_failure(cause, phase, cfg.timeout, chunked)
-        return Outcome(bucket, error=reason, unreached=unreached, cause=kind)
+        proxy = chain_has(exception_chain(exc), requests.exceptions.ProxyError, urllib3.exceptions.ProxyError) and \
+            requests.utils.select_proxy(url, proxies)
+        return Outcome(bucket, error=reason, unreached=unreached, cause=kind, via=shown_host(proxy) if proxy else None,
+                       heard=phase is Phase.BODY)
     finally:
         session.watchdog.end(attempt)
     if attempt.expired:  # cut mid-headers, http.client may take what came as a whole answer
         bucket, kind, reason = transport_failure(AttemptTimeout(), phase, cfg.timeout)
-        return Outcome(bucket, error=reason, cause=kind)
+        return Outcome(bucket, error=reason, cause=kind, heard=phase is Phase.BODY)
     if raw is None and bucket is Bucket.OK:
         outcome = Outcome(Bucket.SKIP, resp.status_code, f"body over {cfg.max_bytes} bytes", cause=Cause.TOO_LARGE)
     else:
@@ -3230,8 +3235,8 @@ class Schedule:
     and the requests in flight. It answers "which id may start now" (take)
     and "when may the next" (next_wake)."""
 
-    def __init__(self, cfg: Config):
-        self.cfg = cfg
+    def __init__(self, cfg: Config, rand: Callable[[], float] = random.random):
+        self.cfg, self.rand = cfg, rand
         self.heap, self.seq = [], itertools.count()  #: (ready_at, seq, item): ids waiting for their time
         self.hosts, self.active = {}, deque()  #: Host by name; hosts with ready ids, round robin
         self.next_slot = 0.0  #: --rate: when the next request may start
@@ -3297,7 +3302,7 @@ class Schedule:
         host = self._open_host(now)
         if host is None:
             return None
-        item = host.ready.popleft()
+        item = host.ready.popleft() if host.down_since is None else self._probe(host)
         if not host.ready:
             self.active.pop()  # the host _open_host left last: no scan of a million hosts
         host.start(now)
@@ -3306,6 +3311,19 @@ class Schedule:
             self.next_slot = max(self.next_slot, now) + 1.0 / self.cfg.rate
         self.inflight += 1
         return item
+
+    def _probe(self, host: Host) -> Item:
+        """A down host's probe: an id not tried yet, from a random place in its
+        queue (the next ones may be a block of ids that hang, and only say
+        that they hang); the next id when a few draws find none."""
+        ready = host.ready
+        for _ in range(DOWN_AFTER):
+            at = int(self.rand() * len(ready)) % len(ready)
+            if ready[at].tries == 0 and not ready[at].timed_out:
+                item = ready[at]
+                del ready[at]
+                return item
+        return ready.popleft()
 
     def next_wake(self, now: float) -> Optional[float]:
         """When something may be started next: an id's time, a gate, the --rate slot."""
@@ -3610,6 +3628,8 @@ class Settler:
         if out.unreached and self.timeline.fixed_host:
             self._unreachable(host, out, now)
             return True
+        if out.heard:  # its answer began: a host that sends bytes is not silent, whatever this id does
+            host.heard_at = now
         heard = max(host.heard_at, host.first_sent if host.first_sent is not None else now)
         silent = out.cause is Cause.TIMEOUT and (host.down_since is not None or not item.timed_out and
                                                  now - heard >= 2 * self.cfg.timeout)
@@ -3677,8 +3697,9 @@ class Settler:
         was_down = host.down_since is not None
         down = host.unreachable(now, self._probe_wait)
         if down and not was_down:
-            self.tally.down = {"host": self.api, "reason": out.error, "since": iso(self.fx.wallclock()), "probes": 0}
-            self.say(f"redrive: {self.api} is unreachable ({out.error}); waiting for it, "
+            name = f"the proxy {out.via}" if out.via else self.api  # the part at fault, not the API behind it
+            self.tally.down = {"host": name, "reason": out.error, "since": iso(self.fx.wallclock()), "probes": 0}
+            self.say(f"redrive: {name} is unreachable ({out.error}); waiting for it, "
                      f"{self.cfg.tries * self.cfg.passes} probes at most")
         if down:
             self.tally.down["probes"] = host.probes
@@ -3772,7 +3793,7 @@ class Batch:
 
     def __init__(self, cfg: Config, ledger: Ledger, state: State, fx: Effects, redact: Redactor, progress):
         self.cfg, self.ledger, self.fx, self.redact = cfg, ledger, fx, redact
-        self.timeline = Schedule(cfg)
+        self.timeline = Schedule(cfg, fx.rand)
         self.host_settings = HostSettings()
         self.jobs = queue.SimpleQueue()  #: ids for idle workers, None to end
         self.flushes = queue.SimpleQueue()  #: state files for the fsync thread, None to end

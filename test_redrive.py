@@ -4694,3 +4694,30 @@ def test_class_a_row_of_alike_failures_after_successes_halts_any_run(server, tmp
     assert json.loads((tmp_path / "ids.redrive" / "report.json").read_text())["stop"] == "misconfigured"
     server.replies.update({item: [200] for item in later})  # a new key: the same command finishes
     assert crawl(server, tmp_path, first + later)[0] == ExitCode.OK and len(state(tmp_path, "done.txt")) == 70
+
+
+def test_local_fault_a_dead_proxy_is_named_not_the_api(tmp_path, monkeypatch):
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    with socket.socket() as closed:  # a port nobody listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    monkeypatch.setenv("http_proxy", f"http://user:s3cret@127.0.0.1:{port}")
+    ids = write_ids(tmp_path, [f"p{n}" for n in range(6)])
+    code, err, _ = run_cli([ids, "--url", "http://api.example.test/items/{id}", "--tries", "1", "--passes", "1"])
+    assert code == ExitCode.UNREACHABLE and f"the proxy 127.0.0.1:{port} is unreachable" in err, err
+    assert "s3cret" not in err and "api.example.test is unreachable" not in err
+    assert state(tmp_path, "unavailable.jsonl") == [] and state(tmp_path, "failed.jsonl") == []
+
+
+@pytest.mark.parametrize("hang", [("sleep", 30, 200), ("drip", 1000, 0.5)], ids=["no answer", "a body that drips"])
+def test_class_a_host_that_answers_others_is_not_silent_and_a_block_of_hanging_ids_spends_its_tries(server, tmp_path,
+                                                                                                   hang):
+    ids = [f"h{n}" for n in range(30)]
+    stuck = set(ids[2:10])  # a block of 8 in a row: every worker waits on them at once, for 4 timeouts
+    server.replies.update({item: [hang] for item in stuck})
+    code, err, _ = crawl(server, tmp_path, ids, "--concurrency", "2", "--timeout", "1", "--tries", "1",
+                         "--passes", "1", fake=FastForward())
+    assert code == ExitCode.OK, err  # not "unreachable": the host answered every other id at once
+    assert sorted(state(tmp_path, "done.txt")) == sorted(set(ids) - stuck)
+    assert {r["id"] for r in state(tmp_path, "unavailable.jsonl")} == stuck
