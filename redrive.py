@@ -94,6 +94,7 @@ import functools
 import glob
 import hashlib
 import heapq
+import html
 import http
 import http.server
 import importlib.util
@@ -166,6 +167,10 @@ STORABLE_HEADER = re.compile(r"(?:(?i:bearer|token|basic|bot|digest|apikey|api-k
 
 #: A key-like query parameter with a value, somewhere in a URL.
 KEY_PARAM = re.compile(r"[?&;][^=&#]*(?:" + SECRET_NAME.pattern + r")[^=&#]*=[^&#]", re.I)
+
+#: A literal query value this long or longer, under any name, is scrubbed
+#: from output as a secret would be (shorter ones: only under key-like names).
+MIN_HIDDEN = 6
 
 #: A ${VAR} reference, read from the environment at run time.
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -398,6 +403,7 @@ class Request:
     expect_json: bool = field(default=False, metadata={"shape": "expect_json", "option": "expect_json"})
     require: tuple = field(default=(), metadata={"shape": "require", "option": "require"})  #: texts the body must hold
     require_field: tuple = field(default=(), metadata={"shape": "require_field", "option": "require_field"})
+    public: tuple = field(default=(), metadata={"shape": "public", "option": "public"})  #: query names with no secret
     demo: bool = field(default=False, metadata={"option": "demo"})  #: the url is the demo server's
     url: str = "{id}"  #: the template, ${VAR} references read from the environment
     data: Optional[str] = None  #: the body template, ${VAR} read
@@ -1089,6 +1095,59 @@ def redact_data(text: str) -> str:
     return JSON_MEMBER.sub(member, text) if text.lstrip()[:1] in ("{", "[") else _redact_query(text)
 
 
+def hidden(value: str, digest: bool) -> str:
+    """What is kept of a value that could be a secret: REDACTED, and in
+    run.json a short digest of it, so a changed value is a changed request."""
+    return f"REDACTED~{hashlib.sha256(value.encode()).hexdigest()[:8]}" if digest else "REDACTED"
+
+
+def kept_url(spec: str, public: Iterable[str] = (), digest: bool = False) -> str:
+    """A --url template as outputs show it (and run.json keeps it, digest
+    set): the userinfo's secret hidden, and every query value unless it
+    holds {id}, is a ${VAR} reference, or its name is given --public. What
+    could be a secret is not kept unless it is known not to be one."""
+    if spec in ("{id}", "--demo"):
+        return spec
+    public = frozenset(public)
+
+    def pair(text: str) -> str:
+        name, eq, value = text.partition("=")
+        subject = value if eq else name  # a bare ?TOKEN is all value
+        keep = "{id}" in subject or ENV_REF.fullmatch(subject) or (eq and (not value or unquote_plus(name) in public))
+        return text if keep or not text else f"{name if eq else ''}{eq}{hidden(subject, digest)}"
+    try:
+        parts = urlsplit(spec)
+        netloc, path, query, fragment = USERINFO.sub(_redact_userinfo, "//" + parts.netloc)[2:], parts.path, \
+            parts.query, parts.fragment
+        head = f"{parts.scheme}://{netloc}{path}" if parts.scheme else f"{netloc}{path}"
+    except ValueError:  # an unclosed '[': redacted as text all the same
+        head, _, rest = spec.partition("?")
+        head, (query, _, fragment) = USERINFO.sub(_redact_userinfo, head), rest.partition("#")
+    if not query and "?" not in spec:
+        return head + (f"#{fragment}" if fragment else "")
+    query = "".join(part if n % 2 else pair(part) for n, part in enumerate(QUERY_SEPARATOR.split(query)))
+    return f"{head}?{query}" + (f"#{fragment}" if fragment else "")
+
+
+def kept_data(spec: str, public: Iterable[str] = (), digest: bool = False) -> str:
+    """A --data template as run.json keeps it: as given when every value in
+    it is {id}, a ${VAR} reference or JSON's true, false and null (a form's
+    field named --public may hold a literal); else hidden whole."""
+    rest = ENV_REF.sub("", spec).replace("{id}", "")
+    if spec.lstrip()[:1] in ("{", "["):
+        rest = re.sub(r"\b(?:true|false|null)\b", "", JSON_NAME.sub("", rest))
+        literal = bool(re.sub(r'[\s"{}\[\],:]', "", rest))
+    else:
+        public = frozenset(public)
+        literal = any((value if eq else name).strip() and not (eq and unquote_plus(name) in public)
+                      for name, eq, value in (p.partition("=") for p in re.split("[&;]", rest)))  # form, or text
+    return hidden(spec, digest) if literal else spec
+
+
+#: A JSON member's name, with its colon.
+JSON_NAME = re.compile(r'"(?:[^"\\]|\\.)*"\s*:')
+
+
 def _redact_query(query: str) -> str:
     return "".join(part if n % 2 else _redact_pair(part) for n, part in enumerate(QUERY_SEPARATOR.split(query)))
 
@@ -1110,6 +1169,15 @@ def _redact_pair(pair: str) -> str:
     if eq and key_like(name) and not ENV_REF.fullmatch(value):
         return f"{name}=REDACTED"
     return pair
+
+
+def shown_url(request: "Request", item_id: str) -> str:
+    """An id's request URL as every output shows it: the template as
+    kept_url shows it, with the id in; a URL list's id with its key-like
+    values hidden (the ids file is the user's own, and done.txt keeps it)."""
+    if request.url_spec == "{id}":
+        return shown_id(item_id)
+    return build_url(kept_url(request.url_spec, request.public), item_id)
 
 
 def build_url(template: str, item_id: str) -> str:
@@ -1262,16 +1330,31 @@ def in_shard(item_id: str, shard: tuple) -> bool:
     return zlib.crc32(item_id.encode("utf-8")) % n == k - 1
 
 
+def encoded_forms(secret: str) -> set:
+    """A secret as a server may echo it back: as it is, percent-encoded,
+    JSON-escaped, HTML-escaped, base64 (a Basic credential), and, for a
+    header value with a scheme ('Bearer TOKEN'), its token alone. Case is
+    left to the matcher (see Redactor)."""
+    token = secret.rsplit(None, 1)[-1]
+    forms = set()
+    for value in {secret, token} if len(token) >= 8 else {secret}:
+        forms |= {value, quote(value, safe=""), quote_plus(value), quote(value), html.escape(value),
+                  html.escape(value, quote=False), json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1],
+                  json.dumps(value).replace("/", "\\/")[1:-1], base64.b64encode(value.encode()).decode()}
+    return forms
+
+
 class Redactor:
-    """Replaces every known secret value in a text with '***'."""
+    """Replaces every known secret in a text with '***', in each of its
+    encoded forms (encoded_forms), whatever their case."""
 
     def __init__(self, secrets: Iterable[str]):
-        self.secrets = sorted({s for s in secrets if len(s) >= 3}, key=len, reverse=True)
+        forms = {form for secret in secrets if len(secret) >= 3 for form in encoded_forms(secret)}
+        self.secrets = sorted((form for form in forms if len(form) >= 3), key=len, reverse=True)
+        self.pattern = re.compile("|".join(map(re.escape, self.secrets)), re.I) if self.secrets else None
 
     def __call__(self, text: str) -> str:
-        for secret in self.secrets:
-            text = text.replace(secret, "***")
-        return text
+        return self.pattern.sub("***", text) if self.pattern is not None else text
 
     def excerpt(self, text: str, size: int) -> str:
         """The first size characters of text, redacted before the cut: a
@@ -1638,7 +1721,7 @@ def line_of(path: Path, item_id: str) -> int:
 def check_urls(cfg: Config, ids: list, redact: Redactor) -> None:
     """Refuse a template without {id}, or with {id} where no id can go (the
     port, the scheme), or an id that is not an http(s) URL."""
-    shown = redact(redact_url(cfg.request.url))
+    shown = redact(kept_url(cfg.request.url_spec, cfg.request.public))
     if "{id}" not in cfg.request.url:
         raise RedriveError(f"--url {shown!r} has no {{id}}; put {{id}} where the id goes")
     if cfg.request.url != "{id}":
@@ -2210,9 +2293,11 @@ def request_shape(request: Request) -> dict:
         if "shape" in f.metadata:
             value = getattr(request, f.name)
             shape[f.metadata["shape"]] = list(value) if isinstance(value, tuple) else value
-    shape["url"] = "--demo" if request.demo else redact_url(request.url_spec)
-    shape["data"] = None if request.data_spec is None else redact_data(request.data_spec)
+    shape["url"] = "--demo" if request.demo else kept_url(request.url_spec, request.public, digest=True)
+    shape["data"] = None if request.data_spec is None else kept_data(request.data_spec, request.public, digest=True)
     shape["headers"] = sorted(request.header_names)
+    if not request.public:
+        del shape["public"]  # as before there was --public: a state dir it never named keeps its hash
     return shape
 
 
@@ -2233,7 +2318,7 @@ def read_run_record(state_dir: Path) -> Optional[dict]:
     if problem:
         raise RedriveError(f"{path}: not a redrive run record ({problem}); move it away, or use a new --state-dir")
     known = request_shape(Request())
-    unknown = sorted(set(record["shape"]) - set(known))
+    unknown = sorted(set(record["shape"]) - set(known) - {"public"})  # public: kept only when given
     if unknown:
         raise RedriveError(f"{path}: written by redrive {str(record.get('redrive', '?'))[:20]}, whose request has "
                            f"fields this version does not know ({', '.join(map(str, unknown))[:100]}); "
@@ -2249,7 +2334,8 @@ def run_record_problem(record) -> Optional[str]:
     texts = lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)  # noqa: E731
     kinds = {"method": lambda v: isinstance(v, str), "url": lambda v: isinstance(v, str),
              "data": lambda v: v is None or isinstance(v, str), "headers": texts,
-             "expect_json": lambda v: isinstance(v, bool), "require": texts, "require_field": texts}
+             "expect_json": lambda v: isinstance(v, bool), "require": texts, "require_field": texts,
+             "public": texts}
     for key, ok in kinds.items():
         if key in record["shape"] and not ok(record["shape"][key]):
             return f"bad {key!r}"
@@ -2289,10 +2375,19 @@ def settle_run_record(cfg: Config, record: Optional[dict], anything_done: bool, 
     way. Returns (a note on a change taken, or None; the time since which
     verdicts count, or None)."""
     shape = request_shape(cfg.request)
-    if record:  # as this version keeps it: a secret an older one kept verbatim is no change
-        old = record["shape"]
-        record["shape"] = {**old, "url": old["url"] if old["url"] == "--demo" else redact_url(old["url"]),
-                           "data": None if old.get("data") is None else redact_data(old["data"])}
+    kept = None  #: an older release's record of this same request, kept as it is (see below)
+    if record:
+        old, public = dict(record["shape"]), cfg.request.public
+        request = cfg.request
+        earlier = {"url": "--demo" if request.demo else redact_url(request.url_spec),
+                   "data": None if request.data_spec is None else redact_data(request.data_spec)}
+        if all(old.get(k) == v for k, v in earlier.items()):  # as an older release kept it: only its key-like
+            old.update(url=shape["url"], data=shape["data"])     # values hidden; a plain rerun still reads it
+            kept = (record["shape"], record.get("hash")) if "REDACTED" not in f"{earlier}" else None
+        else:  # as this release keeps it: a value an older one kept verbatim is no change
+            old.update(url=kept_url(old["url"], public, True),
+                       data=None if old.get("data") is None else kept_data(old["data"], public, True))
+        record["shape"] = old
     changes = shape_changes(record["shape"], shape) if record else []
     retarget = bool(changes) and any(record["shape"].get(k) != shape[k] for k in TARGET_FIELDS)
     if changes and anything_done and not cfg.allow_config_change:
@@ -2304,7 +2399,9 @@ def settle_run_record(cfg: Config, record: Optional[dict], anything_done: bool, 
     since = iso(now) if retarget else (record or {}).get("verdicts_since")
     ahead = since is not None and since > iso(now)
     since = min(since, iso(now)) if since else since  # a clock that was ahead must not void every verdict
-    new = {"shape": shape, "hash": shape_hash(shape),
+    if kept and not changes:
+        shape = kept[0]  # an upgraded state dir's plain rerun keeps working: nothing new is stored
+    new = {"shape": shape, "hash": kept[1] if kept and not changes else shape_hash(shape),
            "headers": [{"name": n, "value": spec} for n, spec in cfg.request.header_specs],
            "created": record.get("created") if record else iso(now), "redrive": __version__}
     if cfg.shard:
@@ -2478,7 +2575,7 @@ def recorded_request(record: dict, given: frozenset = frozenset()) -> dict:
                                "'${VAR}' or 'Bearer ${VAR}' and it can be reused too)")
         headers.append(f"{header['name']}: {header['value']}")
     recorded["header"] = headers
-    recorded.update({f.metadata["option"]: shape[f.metadata["shape"]] for f in dataclasses.fields(Request)
+    recorded.update({f.metadata["option"]: shape.get(f.metadata["shape"], []) for f in dataclasses.fields(Request)
                      if "shape" in f.metadata and f.metadata["option"] not in recorded})
     taken = {key: value for key, value in recorded.items() if key not in given}
     if given & {"url", "demo"}:
@@ -2748,8 +2845,7 @@ class GuardedSession(requests.Session):
         prepared.headers.update(extra)  # a refresh's If-None-Match and If-Modified-Since
         prepared.prepare_cookies(self.cookies)
         prepared.prepare_body(body, None)
-        if auth:
-            prepared.prepare_auth(auth, url)
+        prepared.prepare_auth(auth, url)  # .netrc's, else the URL's user:password@, as requests sends them
         settings = {"stream": True, "timeout": timeout, "verify": self.verify, "cert": self.cert,
                     "proxies": proxies}
         resp = self.get_adapter(prepared.url).send(prepared, **settings)
@@ -2997,6 +3093,12 @@ def read_body(resp: requests.Response, max_bytes: int, deadline: float, decode: 
     return b"".join(body)
 
 
+#: A run of characters a key or token is made of, with a digit and a letter in
+#: it: a fatal answer's body is shown with these hidden, since it may echo the
+#: key in a form the redactor does not know (cut, reversed, re-encoded).
+TOKEN_LIKE = re.compile(r"(?=[\w+/=.~%-]*\d)(?=[\w+/=.~%-]*[A-Za-z])[\w+/=.~%-]{16,}")
+
+
 def interpret(resp: requests.Response, raw: bytes, bucket: Bucket, cfg: Config, redact: Redactor,
               now: float, item_id: str = "", conditional: bool = False) -> Outcome:
     """Turn a status and a body into an Outcome: a 2xx must carry a real body,
@@ -3009,7 +3111,7 @@ def interpret(resp: requests.Response, raw: bytes, bucket: Bucket, cfg: Config, 
     if wait is None and quota is not None and quota.remaining < 1 and bucket is not Bucket.OK:
         wait = quota.reset  # a refusal at none left: back at the reset (a Retry-After says it first)
     if bucket is Bucket.FATAL:
-        excerpt = redact.excerpt(decode(raw, resp)[0], EXCERPT_CHARS).replace("\n", " ")
+        excerpt = TOKEN_LIKE.sub("***", redact.excerpt(decode(raw, resp)[0], EXCERPT_CHARS)).replace("\n", " ")
         return Outcome(bucket, status, status_reason(status), excerpt=excerpt, quota=quota)
     if status == 403 and 403 not in cfg.skip and rate_limit_sign(raw, resp, wait, quota):
         return Outcome(Bucket.RETRYABLE, status, f"{status_reason(status)} (rate limited)", retry_after=wait,
@@ -3407,7 +3509,7 @@ class Books:
 
     def result_line(self, item: Item, out: Outcome) -> str:
         url = build_url(self.cfg.request.url, item.id)
-        record = {"id": item.id, "url": self.redact(redact_url(url)), "status": out.status,
+        record = {"id": item.id, "url": self.redact(shown_url(self.cfg.request, item.id)), "status": out.status,
                   "fetched_at": iso(self.wallclock())}
         if out.final_url and out.final_url != url:
             record["final_url"] = self.redact(redact_url(out.final_url))
@@ -4163,7 +4265,7 @@ def build_report(total: int, rest: list, duplicates: int, state: State, tally: T
     counts = Counter(r["state"] for r in rows)
     return {
         "redrive": __version__, "ids_file": shown_path(cfg.ids_file), "state_dir": shown_path(cfg.state_dir),
-        "url": redact(redact_url(cfg.request.url)), "finished_at": iso(now),
+        "url": redact(kept_url(cfg.request.url_spec, cfg.request.public)), "finished_at": iso(now),
         "exit_code": None, "stop": tally.stop and tally.stop.value, "elapsed_s": round(elapsed, 3),
         "requests": tally.requests, "passes": cfg.passes, "unreachable": tally.down,
         "counts": {"input": total, "duplicates": duplicates,
@@ -4261,7 +4363,7 @@ def stop_lines(tally: Tally, cfg: Config, redact: Redactor) -> list:
     if tally.stop is Stop.FATAL:
         out = tally.fatal
         return [f"redrive: halted: {out.error} for {redact(shown_id(tally.fatal_id))!r} "
-                f"({redact(redact_url(build_url(cfg.request.url, tally.fatal_id)))})",
+                f"({redact(shown_url(cfg.request, tally.fatal_id))})",
                 f"  body: {out.excerpt!r}",
                 "  nothing was marked failed; fix the key or the account, then rerun the same command to resume"
                 if out.status != 407 else "  nothing was marked failed; the proxy asks for credentials: fix the "
@@ -4294,7 +4396,7 @@ def stop_lines(tally: Tally, cfg: Config, redact: Redactor) -> list:
                 "rerun the same command after then"]
     if tally.stop is Stop.MISCONFIGURED:
         m = tally.misconfigured
-        url = redact(redact_url(build_url(cfg.request.url, m["id"])))
+        url = redact(shown_url(cfg.request, m["id"]))
         head = f"redrive: halted: the first {m['answers']} answers were all {m['sign']}, e.g. {cfg.request.method} {url} "
         if m.get("fine"):  # a row after answers that were fine: something changed mid-run
             return [f"redrive: halted: {m['answers']} ids in a row answered {m['sign']} after {m['fine']} answers "
@@ -4939,6 +5041,8 @@ def add_request_options(req) -> None:
                      help="retry a body without TEXT ({id} is the id: '\"id\":\"{id}\"' checks the answer is its own)")
     req.add_argument("--require-field", action="append", default=[], metavar="NAME",
                      help="retry JSON whose field NAME is null/missing")
+    req.add_argument("--public", action="append", default=[], metavar="NAME",
+                     help="a --url query parameter (or form field of --data) whose value is no secret: kept and shown")
     req.add_argument("--demo", action="store_true", help="use a built-in misbehaving API on 127.0.0.1")
 
 
@@ -5056,7 +5160,7 @@ def config_from_args(args, environ, record: Optional[dict]) -> Config:
         method=method, url=expand_env(url_spec, environ, "--url"), url_spec=url_spec,
         data=None if args.data is None else expand_env(args.data, environ, "--data"), data_spec=args.data,
         headers=tuple((n, v) for n, v, _ in headers), header_specs=tuple((n, spec) for n, _, spec in headers),
-        expect_json=args.expect_json, require=tuple(args.require), require_field=tuple(args.require_field),
+        expect_json=args.expect_json, require=tuple(args.require), require_field=tuple(args.require_field), public=tuple(args.public),
         demo=args.demo)
     return Config(
         ids_file=args.ids_file, state_dir=default_state_dir(args), request=request,
@@ -5116,7 +5220,7 @@ def dry_run(cfg: Config, err, out) -> ExitCode:
     asked = [(i, None) for i in left if i not in state.unavailable or wants_again(state.unavailable[i],
                                                                                  cfg.retry_unavailable)]
     for item_id, prior in (asked + due)[:5]:
-        shown = "(the demo's server)" if cfg.request.demo else redact(redact_url(build_url(cfg.request.url, item_id)))
+        shown = "(the demo's server)" if cfg.request.demo else redact(shown_url(cfg.request, item_id))
         conditional = "".join(f", {name}: {value}" for name, value in prior.headers()) if prior else ""
         print(shown_text(f"  {cfg.request.method} {shown}{conditional}"), file=out)
     return ExitCode.OK
@@ -5259,7 +5363,7 @@ def read_input(cfg: Config, err) -> tuple:
     if cfg.shard:
         ids = [i for i in ids if in_shard(i, cfg.shard)]
         unique = set(ids)
-    redact = Redactor(cfg.secrets + tuple(secret_query_values(cfg.request.url)))
+    redact = Redactor(cfg.secrets + tuple(secret_query_values(cfg.request.url, cfg.request.public)))
     check_urls(cfg, ids, redact)
     keyed = keyed_ids_warning(ids) if cfg.request.url == "{id}" and not cfg.quiet else None
     if keyed:
@@ -5410,18 +5514,25 @@ def netrc_secrets() -> tuple:
     return ()
 
 
-def secret_query_values(url: str) -> list:
-    """Values of key-like query parameters in the template, to scrub from output."""
+def secret_query_values(url: str, public: Iterable[str] = ()) -> list:
+    """The template's query values kept_url hides, to scrub from output
+    wherever a server echoes them (a redirect's URL, an error page): any
+    key-like one, and any other of MIN_HIDDEN characters or more."""
     try:
         query = urlsplit(url).query
     except ValueError:
         query = url.partition("?")[2]  # not a URL that parses: the check of --url says so, without a secret
     pairs = (p.partition("=") for p in QUERY_SEPARATOR.split(query)[::2])  # the pairs, not their separators
-    values = [form for name, eq, value in pairs if eq and key_like(name) for form in (value, unquote_plus(value))]
+    public = frozenset(public)
+    values = [form for name, eq, value in pairs if "{id}" not in value and unquote_plus(name) not in public
+              and (key_like(name) or len(value or name) >= MIN_HIDDEN)
+              for form in ((value, unquote_plus(value)) if eq else (name, unquote_plus(name)))]
     userinfo = USERINFO.search(url)
     if userinfo:  # a token as userinfo, or the password of user:password, as written and decoded
         user, colon, password = userinfo.group(1).partition(":")
         values += [password if colon else user, unquote(password if colon else user)]
+        basic = f"{unquote(user)}:{unquote(password)}".encode("latin-1", "replace")  # requests sends it as Basic
+        values.append(base64.b64encode(basic).decode())
     return [v for v in values if v]
 
 

@@ -2,6 +2,7 @@
 subprocesses and signals; the clock, the sleep and the randomness injected."""
 
 import base64
+import html
 import csv
 import email.utils
 import errno
@@ -29,7 +30,7 @@ import zlib
 from collections import Counter, deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import pytest
 import requests
@@ -39,6 +40,7 @@ from redrive import Bucket, Config, Effects, ExitCode, Outcome
 
 HERE = Path(__file__).resolve().parent
 SECRET = "s3cr3t-key-value-0042"
+SECRET_NUMBER = "73519284660391"  #: a key that is a number
 
 
 # ------------------------------------------------------------ test server
@@ -1287,15 +1289,28 @@ def test_a_netrc_password_echoed_back_by_the_server_is_never_shown(server, tmp_p
     ("http://{host}/items/{{id}}?pwd=" + SECRET, None),
     ("http://me@mail.example:p@" + SECRET + "@{host}/items/{{id}}", None),  # urllib3 splits at the last '@'
     ("http://me%40mail.example:p%40" + SECRET + "@{host}/items/{{id}}", None),
+    ("http://{host}/items/{{id}}?appid=" + SECRET, None),  # OpenWeatherMap
+    ("http://{host}/items/{{id}}?ak=" + SECRET + "&lang=en", None),  # Baidu
+    ("http://{host}/items/{{id}}?license=" + SECRET, None),
+    ("http://{host}/items/{{id}}?" + SECRET, None),  # a bare token as the query
+    ("http://{host}/items/{{id}}", '{"id":"{id}","n":' + SECRET_NUMBER + '}'),
+    ("http://{host}/items/{{id}}", '{"id":"{id}","list":["' + SECRET + '"]}'),
+    ("http://{host}/items/{{id}}", '<req><id>{id}</id><k>' + SECRET + '</k></req>'),
+    ("http://{host}/items/{{id}}", '{"query":"{ item(id: \\"{id}\\", key: \\"' + SECRET + '\\") { name } }"}'),
+    ("http://{host}/items/{{id}}", '{"id":"{id}","t\\u006fken":"' + SECRET + '"}'),
+    ("http://{host}/items/{{id}}", 'id={id}&sig=' + SECRET),
 ], ids=["a key in --data", "a token as userinfo", "a percent-encoded name after ';'", "a short name",
-        "userinfo with '@' in the login and the password", "userinfo percent-encoded"])
-def test_secrets_in_data_userinfo_and_odd_query_names_reach_no_file_and_no_output(server, tmp_path, url, data):
+        "userinfo with '@' in the login and the password", "userinfo percent-encoded", "appid", "ak",
+        "license", "a bare query token", "a number in --data", "an array in --data", "XML --data",
+        "a GraphQL argument", "an escaped JSON name", "a form field"])
+def test_class_secrets_are_kept_only_when_known_not_to_be_ones(server, tmp_path, url, data):
     host = urlsplit(server.base).netloc
     extra = ["--data", data, "--method", "POST"] if data else []
     ids_file = write_ids(tmp_path, ["a", "b"])
-    code, err, _ = run_cli([ids_file, "--url", url.format(host=host), *extra])
+    code, err, _ = run_cli([ids_file, "--url", url.format(host=host), "-v", *extra])
     assert code == ExitCode.OK, err
-    assert SECRET not in err and SECRET not in all_output(tmp_path)
+    for secret in (SECRET, SECRET_NUMBER):
+        assert secret not in err and secret not in all_output(tmp_path)
     code, err, _ = run_cli([ids_file])  # a bare rerun: what run.json could not keep is asked for again
     assert code == ExitCode.USAGE and "again" in err and SECRET not in err
 
@@ -4372,7 +4387,7 @@ def test_a_url_env_value_never_reaches_a_file_even_outside_a_key_parameter(serve
     server.replies["gone"] = [404]
     code, err, _ = run_cli([ids, "--url", server.base + "/${ACCOUNT}/items/{id}?version=${V}"], environ=environ)
     assert code == ExitCode.OK and server.hits["a"] == 1
-    assert state(tmp_path, "results.jsonl")[0]["url"].endswith("/***/items/a?version=***")
+    assert state(tmp_path, "results.jsonl")[0]["url"].endswith("/${ACCOUNT}/items/a?version=${V}")  # as given
     for text in (all_output(tmp_path), err):
         assert "acct-7781-private" not in text and "v-99-private" not in text
 
@@ -4721,3 +4736,62 @@ def test_class_a_host_that_answers_others_is_not_silent_and_a_block_of_hanging_i
     assert code == ExitCode.OK, err  # not "unreachable": the host answered every other id at once
     assert sorted(state(tmp_path, "done.txt")) == sorted(set(ids) - stuck)
     assert {r["id"] for r in state(tmp_path, "unavailable.jsonl")} == stuck
+
+
+def test_class_userinfo_is_sent_as_requests_sends_it(server, tmp_path):
+    host = urlsplit(server.base).netloc
+    ids = write_ids(tmp_path, ["a"])
+    code, err, _ = run_cli([ids, "--url", f"http://robot:{SECRET}@{host}/items/{{id}}"])
+    assert code == ExitCode.OK, err
+    basic = base64.b64encode(f"robot:{SECRET}".encode()).decode()
+    assert server.seen_headers[-1].get("Authorization") == f"Basic {basic}"
+    assert SECRET not in all_output(tmp_path) and basic not in all_output(tmp_path)
+
+
+@pytest.mark.parametrize("echo", [
+    lambda key: json.dumps({"error": f"bad key {key}/x"}),  # JSON escapes its '/'
+    lambda key: quote(key, safe=""),
+    lambda key: html.escape(key),
+    lambda key: key.upper(),
+    lambda key: f"key {key[:6]}...{key[-6:]} and {key[::-1]}",  # cut, reversed: no known form
+], ids=["JSON-escaped", "percent-encoded", "HTML-escaped", "upper-cased", "cut and reversed"])
+def test_class_a_fatal_answer_echoing_the_key_in_any_form_never_shows_it(server, tmp_path, echo):
+    key = "Ab/cd&ef<gh\\\"ij-" + "9f8e7d6c5b4a39281706"
+    server.replies["a"] = [(401, echo(key).encode(), {"Content-Type": "text/plain"})]
+    ids = write_ids(tmp_path, ["a"])
+    code, err, _ = run_cli([ids, "--url", server.template, "-H", "Authorization: Bearer ${K}"], environ={"K": key})
+    assert code == ExitCode.FATAL
+    for form in (key, json.dumps(key)[1:-1], quote(key, safe=""), html.escape(key), key.upper(), key[::-1],
+                 "9f8e7d6c5b4a39281706"):
+        assert form not in err and form not in all_output(tmp_path)
+
+
+def test_public_query_values_are_kept_and_a_plain_rerun_reuses_them(server, tmp_path):
+    ids = write_ids(tmp_path, ["a", "b"])
+    url = server.template + "?lang=english&appid=" + SECRET
+    code, err, _ = run_cli([ids, "--url", url, "--public", "lang"])
+    assert code == ExitCode.OK, err
+    assert latest(tmp_path)["a"]["url"].endswith("/items/a?lang=english&appid=REDACTED")
+    code, err, _ = run_cli([ids])  # the appid is no public value: asked for again
+    assert code == ExitCode.USAGE and "give --url again" in err
+    (tmp_path / "two").mkdir()
+    ids2 = write_ids(tmp_path / "two", ["c"])
+    code, err, _ = run_cli([ids2, "--url", server.template + "?lang=english", "--public", "lang"])
+    code, err, _ = run_cli([ids2])
+    assert code == ExitCode.OK and server.paths[-1] == "/items/c?lang=english", err
+
+
+def test_a_state_dir_from_an_earlier_release_keeping_its_url_verbatim_still_resumes_plainly(server, tmp_path):
+    ids = write_ids(tmp_path, ["a", "b"])
+    url = server.template + "?lang=english"
+    assert run_cli([ids, "--url", url, "--public", "lang"])[0] == ExitCode.OK
+    run_json = tmp_path / "ids.redrive" / "run.json"
+    record = json.loads(run_json.read_text())
+    del record["shape"]["public"]  # as the release before --public and hidden values wrote it
+    record["hash"] = redrive.shape_hash(record["shape"])
+    run_json.write_text(json.dumps(record))
+    with open(ids, "a") as fh:
+        fh.write("c\n")
+    code, err, _ = run_cli([ids])
+    assert code == ExitCode.OK and server.paths[-1] == "/items/c?lang=english", err
+    assert json.loads(run_json.read_text())["shape"] == record["shape"]  # nothing it kept was rewritten
