@@ -2534,20 +2534,22 @@ def write_atomically(path: Path, text: str) -> None:
         raise RedriveError(f"{path}: cannot write ({exc.strerror}); check the state dir") from None
 
 
-def compact(path: Path, drop: frozenset = frozenset()) -> None:
+def compact(path: Path, drop: frozenset = frozenset(), only: Optional[frozenset] = None) -> None:
     """A ledger down to one line per id, its last (the one that counts), in
     their order, less the ids of drop, replaced whole: a kill at any moment
-    leaves the old file or the new one, and either tells every id's last state."""
+    leaves the old file or the new one, and either tells every id's last state.
+    With only, the ids not in it keep every line."""
     if not path.is_file():
         return
     lines = {}
     with open(path, "rb") as fh:
-        for line in fh:
+        for number, line in enumerate(fh):
             if line.endswith(b"\n"):
                 item_id = json.loads(line)["id"]
-                lines.pop(item_id, None)
+                key = item_id if only is None or item_id in only else (item_id, number)
+                lines.pop(key, None)
                 if item_id not in drop:
-                    lines[item_id] = line
+                    lines[key] = line
     if sum(len(line) for line in lines.values()) < path.stat().st_size:
         write_atomically(path, b"".join(lines.values()).decode("utf-8"))
 
@@ -5338,6 +5340,8 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
         refresh = refresh_view(before, len(due), tally, redact)
         if refresh and not refresh["left"]:
             end_refresh(cfg.state_dir)
+            # a refresh that is over needs no line per pass of the ids it asked: each keeps its last, as elsewhere
+            compact(cfg.state_dir / "failed.jsonl", only=frozenset(i for i, _ in due))
         rest += [i for i, _ in due if i in state.fresh]  # gone upstream in this refresh
         report = build_report(len(ids), rest, duplicates, state, tally, cfg, fx.clock() - started, redact,
                               fx.wallclock(), refresh)

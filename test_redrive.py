@@ -1523,7 +1523,7 @@ def test_a_refresh_that_fails_keeps_the_last_result_says_so_even_with_q_and_is_o
     assert "1 x not refreshed, 304 Not Modified to a request that sent no validator (a server bug)" in err
     assert {r["result"] for r in state(tmp_path, "refreshed.jsonl")} == {"kept"}
     assert state(tmp_path, "unavailable.jsonl") == [] and [f["pass"] for f in state(tmp_path, "failed.jsonl")
-                                                         if f["id"] == "k"] == [1, 2]
+                                                         if f["id"] == "k"] == [2]  # a refresh over keeps the last
     out = io.StringIO()
     assert redrive.main([str(tmp_path / "ids.txt"), "--export", "jsonl"], out=out) == ExitCode.OK
     assert [json.loads(line)["body"] for line in out.getvalue().splitlines()] == [{"id": "k", "v": 1}, {"id": "m"}]
@@ -4795,3 +4795,17 @@ def test_a_state_dir_from_an_earlier_release_keeping_its_url_verbatim_still_resu
     code, err, _ = run_cli([ids])
     assert code == ExitCode.OK and server.paths[-1] == "/items/c?lang=english", err
     assert json.loads(run_json.read_text())["shape"] == record["shape"]  # nothing it kept was rewritten
+
+
+def test_class_a_refresh_that_fails_again_and_again_leaves_one_line_per_id_in_every_ledger(server, tmp_path):
+    ids = ["k", "j", "ok"]
+    fake = FakeTime()
+    assert crawl(server, tmp_path, ids, fake=fake)[0] == ExitCode.OK
+    server.replies.update({"k": [500], "j": [503]})  # a 5xx and a throttle: each refresh fails them again
+    for night in range(3):
+        fake.now += 86400
+        code, err, _ = crawl(server, tmp_path, ids, "--refresh", "--tries", "1", "--cooldown", "0", fake=fake)
+        assert code == ExitCode.OK, err
+    failed = state(tmp_path, "failed.jsonl")
+    assert sorted(f["id"] for f in failed if f["id"] in ids) == ["j", "k"]
+    assert sorted(state(tmp_path, "done.txt")) == sorted(ids)
