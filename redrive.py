@@ -87,6 +87,7 @@ import argparse
 import base64
 import codecs
 import contextlib
+import copy
 import csv
 import dataclasses
 import email.utils
@@ -1113,7 +1114,8 @@ def kept_url(spec: str, public: Iterable[str] = (), digest: bool = False) -> str
     def pair(text: str) -> str:
         name, eq, value = text.partition("=")
         subject = value if eq else name  # a bare ?TOKEN is all value
-        keep = "{id}" in subject or ENV_REF.fullmatch(subject) or (eq and (not value or unquote_plus(name) in public))
+        keep = "{id}" in subject or ENV_REF.fullmatch(subject) or HIDDEN.fullmatch(subject) or \
+            (eq and (not value or unquote_plus(name) in public))
         return text if keep or not text else f"{name if eq else ''}{eq}{hidden(subject, digest)}"
     try:
         parts = urlsplit(spec)
@@ -1133,6 +1135,8 @@ def kept_data(spec: str, public: Iterable[str] = (), digest: bool = False) -> st
     """A --data template as run.json keeps it: as given when every value in
     it is {id}, a ${VAR} reference or JSON's true, false and null (a form's
     field named --public may hold a literal); else hidden whole."""
+    if HIDDEN.fullmatch(spec):
+        return spec  # hidden already, as run.json keeps it
     rest = ENV_REF.sub("", spec).replace("{id}", "")
     if spec.lstrip()[:1] in ("{", "["):
         rest = re.sub(r"\b(?:true|false|null)\b", "", JSON_NAME.sub("", rest))
@@ -1143,6 +1147,9 @@ def kept_data(spec: str, public: Iterable[str] = (), digest: bool = False) -> st
                       for name, eq, value in (p.partition("=") for p in re.split("[&;]", rest)))  # form, or text
     return hidden(spec, digest) if literal else spec
 
+
+#: A value hidden already: REDACTED, with its digest in run.json.
+HIDDEN = re.compile(r"REDACTED(?:~[0-9a-f]{8})?")
 
 #: A JSON member's name, with its colon.
 JSON_NAME = re.compile(r'"(?:[^"\\]|\\.)*"\s*:')
@@ -2369,7 +2376,7 @@ TARGET_FIELDS = ("method", "url", "data")
 
 
 def settle_run_record(cfg: Config, record: Optional[dict], anything_done: bool, now: float,
-                      refresh: Optional[str] = None) -> tuple:
+                      refresh: Optional[str] = None, write: bool = True) -> tuple:
     """Refuse a changed request when done ids would mix two requests (unless
     allowed), then record the current one, and the cut-off of a refresh under
     way. Returns (a note on a change taken, or None; the time since which
@@ -2412,8 +2419,8 @@ def settle_run_record(cfg: Config, record: Optional[dict], anything_done: bool, 
         new["verdicts_since"] = since
     if changes:
         new["previous_hash"] = record.get("hash")
-    if record is None or any(record.get(k) != new.get(k) for k in ("shape", "hash", "headers", "verdicts_since",
-                                                                    "shard", "refresh")):
+    if write and (record is None or any(record.get(k) != new.get(k) for k in ("shape", "hash", "headers",
+                                                                              "verdicts_since", "shard", "refresh"))):
         write_atomically(cfg.state_dir / "run.json", json.dumps(new, indent=2) + "\n")
     if not changes:
         return ("warning: run.json's verdicts_since was in the future (a clock ahead?); taken as now" if ahead
@@ -5209,7 +5216,13 @@ def dry_run(cfg: Config, err, out) -> ExitCode:
     check_local_settings(cfg, ids, redact)
     known = cfg.state_dir.is_dir()
     state = load_state(cfg.state_dir, repair=False, undone=unique) if known else State(undone=unique)
-    before = refresh_cutoff(cfg, read_run_record(cfg.state_dir) if known else None, time.time())[0]
+    record = read_run_record(cfg.state_dir) if known else None
+    done_file = cfg.state_dir / "done.txt"
+    anything_done = done_file.exists() and done_file.stat().st_size > 0
+    note = settle_run_record(cfg, copy.deepcopy(record), anything_done, time.time(), write=False)[0]  # as a run would
+    if note and not cfg.quiet:
+        print(shown_text(f"redrive: {redact(note)}"), file=err)
+    before = refresh_cutoff(cfg, record, time.time())[0]
     due = take_back_gone(state, ids, cfg.state_dir, before) if known else []
     left = [i for i in ids if i in state.undone]
     unavailable = sum(1 for i in left if i in state.unavailable and not wants_again(state.unavailable[i],

@@ -1311,6 +1311,10 @@ def test_class_secrets_are_kept_only_when_known_not_to_be_ones(server, tmp_path,
     assert code == ExitCode.OK, err
     for secret in (SECRET, SECRET_NUMBER):
         assert secret not in err and secret not in all_output(tmp_path)
+    with open(ids_file, "a") as fh:
+        fh.write("c\n")
+    code, err, _ = run_cli([ids_file, "--url", url.format(host=host), *extra])  # the same request: no change
+    assert code == ExitCode.OK and "changed" not in err, err
     code, err, _ = run_cli([ids_file])  # a bare rerun: what run.json could not keep is asked for again
     assert code == ExitCode.USAGE and "again" in err and SECRET not in err
 
@@ -1862,7 +1866,7 @@ def test_dry_run_needs_no_variable_set_and_shows_its_name_not_a_value(server, tm
 
 def test_dry_run_sends_nothing_writes_nothing_and_says_what_a_run_would_ask(server, tmp_path):
     server.replies["gone"] = [404]
-    crawl(server, tmp_path, ["a", "gone"])
+    run_cli([write_ids(tmp_path, ["a", "gone"]), "--url", server.template + "?api_key=" + SECRET])
     before = {p.name: p.read_bytes() for p in (tmp_path / "ids.redrive").iterdir()}
     server.hits.clear()
     ids = ["a", "gone", *[f"n{k}" for k in range(7)]]
@@ -4809,3 +4813,18 @@ def test_class_a_refresh_that_fails_again_and_again_leaves_one_line_per_id_in_ev
     failed = state(tmp_path, "failed.jsonl")
     assert sorted(f["id"] for f in failed if f["id"] in ids) == ["j", "k"]
     assert sorted(state(tmp_path, "done.txt")) == sorted(ids)
+
+
+@pytest.mark.parametrize("change", [["--url", "{base}/v2/items/{{id}}"], ["-H", "X-Org: ${{ORG}}"]],
+                         ids=["a changed --url", "a -H given on a rerun"])
+def test_dry_run_answers_as_the_run_would_a_changed_request_is_exit_2_with_the_same_message(server, tmp_path,
+                                                                                             change):
+    ids = write_ids(tmp_path, ["a", "b"])
+    assert run_cli([ids, "--url", server.template])[0] == ExitCode.OK
+    argv = [ids, *(part.format(base=server.base) for part in change)]
+    run_json = (tmp_path / "ids.redrive" / "run.json").read_bytes()
+    dry, dry_err, _ = run_cli([*argv, "--dry-run"], environ={"ORG": "7"})
+    real, real_err, _ = run_cli(argv, environ={"ORG": "7"})
+    assert dry == real == ExitCode.USAGE
+    assert dry_err.strip().splitlines()[-1] == real_err.strip().splitlines()[-1]
+    assert (tmp_path / "ids.redrive" / "run.json").read_bytes() == run_json
