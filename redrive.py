@@ -4614,7 +4614,8 @@ def records_of(path: Path, block: bytes, first: int) -> Iterable[dict]:
 
 
 #: What a results.jsonl line may hold, as --fields names it.
-RESULT_FIELDS = ("id", "url", "status", "fetched_at", "final_url", "etag", "last_modified", "body_encoding", "body")
+RESULT_FIELDS = ("id", "url", "status", "fetched_at", "confirmed_at", "final_url", "etag", "last_modified",
+                 "body_encoding", "body")
 
 
 def export(args, state_dir: Path, out, err) -> ExitCode:
@@ -4624,6 +4625,8 @@ def export(args, state_dir: Path, out, err) -> ExitCode:
         raise RedriveError("--export files needs --out DIR, the folder to write one file per id into")
     ids = [i for i in read_ids(args.ids_file)[0] if args.shard is None or in_shard(i, args.shard)]
     done = set(read_done(state_dir, done_in_order) or ())
+    confirmed = {i: r["at"] for i, r in latest_records(state_dir / "refreshed.jsonl").items()
+                 if r.get("result") in ("unchanged", "changed")}  # a 304 or a 200 said the result is current
     offsets, fetched, path = {}, {}, state_dir / "results.jsonl"
     with open(path if path.is_file() else os.devnull, "rb") as fh:
         for number, (offset, line) in enumerate(iter_lines(fh), 1):
@@ -4631,6 +4634,10 @@ def export(args, state_dir: Path, out, err) -> ExitCode:
             offsets[record["id"]], fetched[record["id"]] = offset, (record["fetched_at"],)  # the last line wins
         unavailable = latest_records(state_dir / "unavailable.jsonl")
         done -= gone_upstream((i for i in unavailable if i in done), unavailable, fetched)
+        if args.export == "gone":  # what is unavailable now, with its reason, time and action
+            for item_id in (i for i in ids if i in unavailable and i not in done):
+                out.write(json.dumps(unavailable[item_id], ensure_ascii=False) + "\n")
+            return ExitCode.OK
         fields = [f for f in (args.fields or "id,status,fetched_at").split(",") if f]
         unknown = [f for f in fields if f.split(".")[0] not in RESULT_FIELDS or "." in f and f.split(".")[0] != "body"]
         if unknown:
@@ -4644,6 +4651,8 @@ def export(args, state_dir: Path, out, err) -> ExitCode:
         for item_id in (i for i in ids if i in done and i in offsets):
             fh.seek(offsets[item_id])
             line = fh.readline()
+            at = max(fetched[item_id][0], confirmed.get(item_id, ""))  # the last 200 or 304 for it
+            line = line[:line.rindex(b"}")] + b',"confirmed_at":' + json.dumps(at).encode() + b"}\n"
             if args.export == "jsonl":
                 out.write(line.decode("utf-8"))
             elif writer:
@@ -5094,9 +5103,9 @@ def add_run_options(run) -> None:
     run.add_argument("--dry-run", action="store_true",
                      help="send nothing, write nothing: say how many ids are done, unavailable and new, and show "
                           "the first five requests, secrets redacted")
-    run.add_argument("--export", choices=("jsonl", "csv", "files"),
+    run.add_argument("--export", choices=("jsonl", "csv", "files", "gone"),
                      help="no network, no lock: the latest result of each done id, in input order, to stdout "
-                          "(jsonl, csv) or to --out DIR (files)")
+                          "(jsonl, csv) or to --out DIR (files); or the unavailable ids' records (gone)")
     run.add_argument("--fields", metavar="LIST", help="--export csv: the columns, dotted paths (id,body.name)")
     run.add_argument("--out", type=Path, metavar="DIR", help="--export files: one file per id, in DIR")
     run.add_argument("--cover", nargs="+", type=Path, metavar="STATE_DIR",

@@ -1974,6 +1974,7 @@ def test_the_readmes_export_lines_run_as_written_and_give_only_what_is_live(serv
     assert (tmp_path / "products.csv").read_text().splitlines()[1:] == ["p1,p1,11", "p2,p2,21"]
     assert sorted(p.name for p in (tmp_path / "bodies").iterdir() if not p.name.startswith(".")) == ["p1", "p2"]
     assert done.stdout.splitlines() == ['"p1",11', '"p2",21']  # the jq line: stale and gone rows left out
+    assert [json.loads(line)["id"] for line in (tmp_path / "gone.jsonl").read_text().splitlines()] == ["p3"]
 
 
 def test_file_written_where_it_belongs_export_files_replaces_a_planted_link_and_never_writes_through_it(
@@ -4828,3 +4829,29 @@ def test_dry_run_answers_as_the_run_would_a_changed_request_is_exit_2_with_the_s
     assert dry == real == ExitCode.USAGE
     assert dry_err.strip().splitlines()[-1] == real_err.strip().splitlines()[-1]
     assert (tmp_path / "ids.redrive" / "run.json").read_bytes() == run_json
+
+
+def test_export_says_when_each_result_was_last_confirmed_and_gone_lists_what_went_away(server, tmp_path):
+    server.versions["a"] = ('"a1"', version("a", 1))
+    server.replies.update({"never": [404], "b": [200, (404, b"", {})]})
+    ids = write_ids(tmp_path, ["never", "a", "b", "c"])
+    fake = FakeTime()
+    assert run_cli([ids, "--url", server.template], fake=fake)[0] == ExitCode.OK
+    fake.now += 86400  # the next night: a answers 304, b is gone, c unchanged (no validator: a new 200)
+    code, err, _ = run_cli([ids, "--refresh"], fake=fake)
+    assert code == ExitCode.OK, err
+    out = io.StringIO()
+    assert redrive.main([str(ids), "--export", "jsonl"], out=out, err=io.StringIO(), environ={}) == ExitCode.OK
+    rows = {r["id"]: r for r in map(json.loads, out.getvalue().splitlines())}
+    assert sorted(rows) == ["a", "c"]
+    assert rows["a"]["fetched_at"] == redrive.iso(FakeTime().wallclock())  # the body is the first night's
+    assert rows["a"]["confirmed_at"] == redrive.iso(fake.wallclock())  # the 304 said it is still current
+    out = io.StringIO()
+    assert redrive.main([str(ids), "--export", "csv", "--fields", "id,confirmed_at"], out=out, err=io.StringIO(),
+                        environ={}) == ExitCode.OK
+    assert out.getvalue().splitlines()[1] == f"a,{redrive.iso(fake.wallclock())}"
+    out = io.StringIO()
+    assert redrive.main([str(ids), "--export", "gone"], out=out, err=io.StringIO(), environ={}) == ExitCode.OK
+    gone = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(g["id"], g["status"]) for g in gone] == [("never", 404), ("b", 404)]  # input order
+    assert all(g["reason"] and g["at"] and g["action"] for g in gone)
