@@ -108,6 +108,7 @@ import queue
 import random
 import re
 import select
+import shlex
 import shutil
 import socket
 import ssl
@@ -979,7 +980,7 @@ def recommend(bucket: Bucket, status: Optional[int], cause: Cause, reason: str, 
         if status == 404:  # never there, or gone: a refresh's gone ids say "removed upstream" in their reason
             return f"not found (404): check {it} or drop {it} from the input list"
         if status == 410:
-            return f"removed upstream (410): drop {it} from the input list"
+            return f"gone for good (410): drop {it} from the input list"
         if status == 400:
             return "rejected as a bad request (400): check the ids and the --url template"
         if cause is Cause.TOO_LARGE:
@@ -1887,6 +1888,7 @@ class State:
     unavailable: dict = field(default_factory=dict)  #: id -> latest record
     repairs: list = field(default_factory=list)  #: warnings about what was mended
     fresh: set = field(default_factory=set)  #: ids this run moved to unavailable: news for a person
+    repeated: set = field(default_factory=set)  #: of those, ids unavailable before for the same reason: no news
     gone: set = field(default_factory=set)  #: ids done.txt lists that a refresh found removed upstream
 
 
@@ -3488,6 +3490,9 @@ def unavailable_record(item_id, reason, status, bucket, cause, tries, at, passes
 def give_up(record: dict, ledger: Ledger, state: State) -> None:
     """An id confirmed unavailable: unavailable.jsonl, and the report marks it new."""
     ledger.record("unavailable.jsonl", record)
+    before = state.unavailable.get(record["id"])
+    if before is not None and before["reason"] == record["reason"]:  # --retry-unavailable found it as it was
+        state.repeated.add(record["id"])
     state.unavailable[record["id"]] = record
     state.fresh.add(record["id"])
 
@@ -4235,7 +4240,7 @@ def residue(ids: list, state: State, tally: Tally) -> tuple:
             r = state.unavailable[item_id]
             rows.append({"id": shown_id(item_id), "state": "unavailable", "reason": r["reason"], "status": r["status"],
                          "bucket": r["bucket"], "cause": record_cause(r).value, "action": r["action"],
-                         "new": item_id in state.fresh})
+                         "new": item_id in state.fresh and item_id not in state.repeated})
         elif latest_failure(state, item_id):
             f = state.failed[item_id]
             rows.append({"id": shown_id(item_id), "state": "failed", "reason": f["error"], "status": f["status"],
@@ -4282,19 +4287,22 @@ def build_report(total: int, rest: list, duplicates: int, state: State, tally: T
                    "unavailable": counts["unavailable"], "failed": counts["failed"], "pending": pending},
         "per_pass": {str(p): dict(c) for p, c in sorted(tally.per_pass.items())},
         "reasons": group_residue(rows, pending, cfg),
-        "new_unavailable": len(state.fresh),
+        "new_unavailable": len(state.fresh - state.repeated),
         "unresolved": [{**row, "id": redact(row["id"])} for row in rows],
         "pending_listed": min(pending, PENDING_LISTED),
         "quota": tally.quota,
         "refresh": refresh,
+        "shard": list(cfg.shard) if cfg.shard else None,
     }
 
 
-def summarize(report: dict, news: bool = False) -> list:
+def summarize(report: dict, news: bool = False, listing: str = "") -> list:
     """The end-of-run summary for stderr, drawn from the report: the ids a
     person can act on before the definitive answers, each reason once with a
     few of its ids. `news` (-q, a cron mail): only what this run changed is
-    named; the unavailable ids of earlier runs are one count line."""
+    named, NAMED_NEWS ids a reason, then the command that lists them all
+    (listing); the unavailable ids of earlier runs are one count line, and
+    the shard and the state dir are named (three shards mail alike)."""
     c = report["counts"]
     dup = f" ({c['duplicates']} duplicate line{'s' if c['duplicates'] != 1 else ''} ignored)" if c["duplicates"] else ""
     lines = [f"redrive: {c['input']} ids{dup}, {report['requests']} requests in {report['elapsed_s']:.1f} s"]
@@ -4305,15 +4313,18 @@ def summarize(report: dict, news: bool = False) -> list:
     rows = [r for r in report["unresolved"] if not news or r["state"] != "unavailable" or r["new"]]
     older = sum(1 for r in report["unresolved"] if r["state"] == "unavailable") - \
         sum(1 for r in rows if r["state"] == "unavailable")
-    groups = residue_groups(rows, report)
+    groups = residue_groups(rows, report, NAMED_NEWS if news else NAMED_PER_REASON)
+    shard = f"shard {report['shard'][0]}/{report['shard'][1]}, " if report.get("shard") else ""
     if groups:
-        lines.append("what went unavailable or is left in this run, and what to do:" if news else
-                     "what is missing, and what to do:")
+        lines.append(f"what went unavailable or is left in this run ({shard}state in {report['state_dir']}), and "
+                     "what to do:" if news else "what is missing, and what to do:")
     for (state, reason), ids, count, action in groups:
         what = reason if state == "unavailable" else f"{state}, {reason}"
         lines.append(f"  {count} x {what}: {action}")
         more = f" and {count - len(ids)} more" if count > len(ids) else ""
         lines.append(f"      {', '.join(ids)}{more}")
+        if more and news and state == "unavailable" and listing:
+            lines.append(f"      all of them: {listing}")
     if older:
         lines.append(f"  and {older} id{'s' if older != 1 else ''} unavailable from earlier runs: see unavailable.jsonl")
     return lines + refresh_lines(report["refresh"])
@@ -4340,9 +4351,10 @@ def refresh_lines(refresh: Optional[dict]) -> list:
 
 #: Ids a summary names for each reason; the rest are counted (every one is in the state files and report.json).
 NAMED_PER_REASON = 3
+NAMED_NEWS = 20  #: in a cron mail (-q): what changed, named
 
 
-def residue_groups(rows: list, report: dict) -> list:
+def residue_groups(rows: list, report: dict, named: int = 3) -> list:
     """((state, reason), a few ids, how many, the action) for each reason, the
     ids a person can act on first (failures that may pass, then what is left
     pending), the definitive answers (404, 410 and other skips) last."""
@@ -4354,7 +4366,7 @@ def residue_groups(rows: list, report: dict) -> list:
         (state, _), members = item
         settled = state == "unavailable" and members[0]["bucket"] == Bucket.SKIP.value
         return ({"unavailable": 0, "failed": 1, "pending": 2}[state] + 3 * settled, -len(members))
-    return [(key, [r["id"] for r in members[:NAMED_PER_REASON]],
+    return [(key, [r["id"] for r in members[:named]],
              report["counts"]["pending"] if key[0] == "pending" else len(members), actions.get(key, ""))
             for key, members in sorted(grouped.items(), key=rank)]
 
@@ -5442,9 +5454,20 @@ def finish(report: dict, tally: Tally, cfg: Config, redact: Redactor, err) -> Ex
         write_atomically(path, text)
     kept = (report["refresh"] or {}).get("kept")
     if code != ExitCode.OK or not cfg.quiet or report["new_unavailable"] or kept:  # -q: silent when nothing is news
-        lines = stop_lines(tally, cfg, redact) + summarize(report, news=cfg.quiet)
+        lines = stop_lines(tally, cfg, redact) + summarize(report, news=cfg.quiet, listing=redact(gone_listing(cfg)))
         print("\n".join(map(shown_text, lines)), file=err, flush=True)
     return code
+
+
+def gone_listing(cfg: Config) -> str:
+    """The command that lists every unavailable id of this state dir."""
+    try:
+        own = default_state_dir(argparse.Namespace(ids_file=cfg.ids_file, state_dir=None, shard=cfg.shard))
+    except RedriveError:
+        own = None
+    where = ["--state-dir", str(cfg.state_dir)] if cfg.state_dir != own else []
+    shard = ["--shard", "/".join(map(str, cfg.shard))] if cfg.shard else []
+    return shlex.join(["redrive.py", str(cfg.ids_file), *where, *shard, "--export", "gone"])
 
 
 def write_crash_log(path: Path, item_id: Optional[str], trace: str, redact: Redactor, now: float) -> None:

@@ -1338,12 +1338,18 @@ def test_the_cron_mail_names_what_this_run_changed_and_counts_the_older_residue(
     server.replies.update({item: [404] for item in old})
     crawl(server, tmp_path, ["a", *old], "-q", "--no-guard")  # a row of 36 404s: the guard would halt it
     new = [f"new{n}" for n in range(100)]
-    server.replies.update({item: [404] for item in new[:4]})
+    gone = new[:30:3] + new[40:70:3]  # 20 new 404s, in no row the guard would halt
+    server.replies.update({item: [404] for item in gone})
+    server.replies["new99"] = [404]
     code, err, _ = crawl(server, tmp_path, ["a", *old, *new], "-q")
     assert code == ExitCode.OK
-    assert "  4 x 404 Not Found: not found (404): check them or drop them from the input list" in err
-    assert "      new0, new1, new2 and 1 more" in err
+    assert "  21 x 404 Not Found: not found (404): check them or drop them from the input list" in err
+    assert f"      {', '.join(gone)} and 1 more\n" in err  # every new id up to 20 a reason
+    assert f"      all of them: redrive.py {tmp_path / 'ids.txt'} --export gone\n" in err
+    assert f"(state in {tmp_path / 'ids.redrive'})" in err
     assert "and 36 ids unavailable from earlier runs: see unavailable.jsonl" in err and "old0" not in err
+    code, err, _ = crawl(server, tmp_path, ["a", *old, *new], "-q", "--retry-unavailable", "404", "--no-guard")
+    assert code == ExitCode.OK and err == ""  # the same 404s again: no news, no mail
     server.replies["z"] = [401]  # the wrong key: the mail says so, and carries no old residue
     code, err, _ = crawl(server, tmp_path, ["a", *old, *new, "z", "y"], "-q", "--concurrency", "1")
     assert code == ExitCode.FATAL and "halted: 401" in err and "old0" not in err and "new0" not in err
