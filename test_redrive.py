@@ -21,6 +21,7 @@ import signal
 import socket
 import ssl
 import struct
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -4861,3 +4862,102 @@ def test_export_says_when_each_result_was_last_confirmed_and_gone_lists_what_wen
     gone = [json.loads(line) for line in out.getvalue().splitlines()]
     assert [(g["id"], g["status"]) for g in gone] == [("never", 404), ("b", 404)]  # input order
     assert all(g["reason"] and g["at"] and g["action"] for g in gone)
+
+
+# ------------------------------------------------------------ docs that run
+
+
+def doc_blocks(name, lang):
+    """The fenced blocks of a doc in one language, in order."""
+    text = (HERE / name).read_text(encoding="utf-8")
+    return re.findall(rf"^```{lang}\n(.*?)^```$", text, re.M | re.S)
+
+
+def localize(text, tmp, server):
+    """A doc's block with only its host, paths and key replaced: the API is
+    the test's server, /srv/sync (or /shared/sync, /app) the tmp dir, the
+    venv's python this one."""
+    text = re.sub(r"(?<![\w.])(?:/srv/sync/)?\.venv/bin/python", lambda _: sys.executable, text)
+    text = re.sub(r"(?<![\w.-])(?:/srv/sync/)?redrive\.py", lambda _: str(HERE / "redrive.py"), text)
+    text = text.replace("https://api.example.com/v2/products/{id}", server.template)
+    for root in ("/srv/sync", "/shared/sync", "/shared/keys", "/keys", "/state"):
+        text = text.replace(root, str(tmp / root.strip("/").replace("/", "-")))
+    return text
+
+
+def catalogue(server, items):
+    """The server as a product API: item -> price, or None for a deleted one, with ETags (a 304 when unchanged)."""
+    for item, price in items.items():
+        if price is None:
+            server.versions.pop(item, None)
+            server.replies[item] = [404]
+        else:
+            server.replies.pop(item, None)
+            server.versions[item] = (f'"{price}"', json.dumps({"id": item, "price": price}).encode())
+
+
+def test_the_nightly_sync_script_and_cron_line_run_as_written_night_after_night(server, tmp_path):
+    [script] = doc_blocks("docs/nightly-sync.md", "sh")
+    [cron] = doc_blocks("docs/nightly-sync.md", "cron")
+    home = tmp_path / "srv-sync"
+    home.mkdir()
+    (home / "key").write_text(SECRET)
+    (home / "nightly.sh").write_text(localize(script, tmp_path, server))
+    (home / "nightly.sh").chmod(0o755)
+    command = localize(cron.splitlines()[-1].split(None, 5)[5], tmp_path, server)
+    night = {f"p{n}": 10 + n for n in range(12)}
+    catalogue(server, night)
+    (home / "products.txt").write_text("".join(f"{item}\n" for item in night))
+    first = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0 and first.stderr == "", first.stderr
+    live = {r["id"]: r["body"]["price"] for r in map(json.loads, (home / "out" / "products.jsonl").open())}
+    assert live == night and (home / "out" / "gone.jsonl").read_text() == ""
+    # the next night: p0 and p1 changed, p2 deleted, p12 new; every done id is due again
+    run_json = home / "products.redrive" / "results.jsonl"
+    lines = run_json.read_text().replace(redrive.iso(time.time())[:10], "2000-01-01")  # fetched long ago
+    run_json.write_text(lines)
+    changed = {**night, "p0": 99, "p1": 98, "p2": None, "p12": 50}
+    catalogue(server, changed)
+    with open(home / "products.txt", "a") as fh:
+        fh.write("p12\n")
+    second = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0, second.stderr
+    assert "p2" in second.stderr and "removed upstream" in second.stderr and SECRET not in second.stderr
+    live = {r["id"]: r["body"]["price"] for r in map(json.loads, (home / "out" / "products.jsonl").open())}
+    assert live == {k: v for k, v in changed.items() if v is not None}
+    assert [json.loads(line)["id"] for line in (home / "out" / "gone.jsonl").open()] == ["p2"]
+    assert SECRET not in all_output(home / "products.redrive") + all_output(home / "out")
+
+
+def systemd_units(tmp_path, server):
+    units = {}
+    for block in doc_blocks("docs/nightly-sync.md", "ini"):
+        name = "redrive-sync.timer" if "[Timer]" in block else "redrive-sync.service"
+        units[name] = tmp_path / name
+        units[name].write_text(localize(block, tmp_path, server))
+    return units
+
+
+def test_the_systemd_units_verify_and_their_exec_start_runs_with_the_key_kept_out_of_the_command_line(server,
+                                                                                                     tmp_path):
+    home = tmp_path / "srv-sync"
+    home.mkdir()
+    (home / "key.env").write_text(f"API_KEY={SECRET}\n")
+    (home / "products.txt").write_text("a\nb\n")
+    units = systemd_units(tmp_path, server)
+    assert sorted(units) == ["redrive-sync.service", "redrive-sync.timer"]
+    service = units["redrive-sync.service"].read_text()
+    if shutil.which("systemd-analyze"):
+        done = subprocess.run(["systemd-analyze", "verify", *map(str, units.values())], capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+    exec_start = re.search(r"^ExecStart=(.*)$", service, re.M).group(1)
+    assert "$${API_KEY}" in exec_start  # systemd would expand ${API_KEY} itself, onto the command line
+    argv = [arg.replace("$$", "$") for arg in shlex.split(exec_start)]  # what systemd passes, unexpanded
+    assert SECRET not in " ".join(argv)
+    env = dict(line.split("=", 1) for line in (home / "key.env").read_text().splitlines())
+    done = subprocess.run(argv, cwd=home, env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert sorted((home / "products.redrive" / "done.txt").read_text().split()) == ["a", "b"]
+    assert server.seen_headers[-1]["Authorization"] == f"Bearer {SECRET}"
+    assert re.search(r"^SuccessExitStatus=1$", service, re.M)
