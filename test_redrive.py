@@ -4881,7 +4881,8 @@ def localize(text, tmp, server):
     text = re.sub(r"(?<![\w.-])(?:/srv/sync/)?redrive\.py", lambda _: str(HERE / "redrive.py"), text)
     text = text.replace("https://api.example.com/v2/products/{id}", server.template)
     for root in ("/srv/sync", "/shared/sync", "/shared/keys", "/keys", "/state"):
-        text = text.replace(root, str(tmp / root.strip("/").replace("/", "-")))
+        local = str(tmp / root.strip("/").replace("/", "-"))
+        text = re.sub(rf"(?<![\w.-]){re.escape(root)}\b", lambda _: local, text)
     return text
 
 
@@ -4961,3 +4962,82 @@ def test_the_systemd_units_verify_and_their_exec_start_runs_with_the_key_kept_ou
     assert sorted((home / "products.redrive" / "done.txt").read_text().split()) == ["a", "b"]
     assert server.seen_headers[-1]["Authorization"] == f"Bearer {SECRET}"
     assert re.search(r"^SuccessExitStatus=1$", service, re.M)
+
+
+def test_the_kubernetes_indexed_job_parses_validates_and_its_command_runs_as_written(server, tmp_path):
+    yaml = pytest.importorskip("yaml", reason="PyYAML (with kubernetes-validate, requirements-dev.txt) is not installed")
+    [manifest] = doc_blocks("docs/across-machines.md", "yaml")
+    job = yaml.safe_load(manifest)
+    validate = pytest.importorskip("kubernetes_validate")
+    validate.validate(job, "1.33", strict=True)  # the Kubernetes schema, offline: what kubectl apply checks
+    spec, pod = job["spec"], job["spec"]["template"]["spec"]
+    assert spec["completionMode"] == "Indexed" and pod["restartPolicy"] == "Never"  # podFailurePolicy needs Never
+    [rule] = spec["podFailurePolicy"]["rules"]
+    assert rule["action"] == "FailIndex" and rule["onExitCodes"] == {"operator": "In", "values": [3]}
+    assert spec["backoffLimitPerIndex"] >= 1  # 1, 69, 75: the index runs again and resumes
+    [container] = pod["containers"]
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["state"].get("subPathExpr") == "$(JOB_COMPLETION_INDEX)"  # each index its own state dir
+    assert {v["name"] for v in pod["volumes"]} == set(mounts) and mounts["keys"]["readOnly"]
+    [command] = container["args"]
+    assert container["command"] == ["sh", "-c"] and "--shard auto/3" in command
+    ids = [f"k{n}" for n in range(30)]
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "ids.txt").write_text("".join(f"{i}\n" for i in ids))
+    (tmp_path / "keys").mkdir()
+    for index in range(3):
+        (tmp_path / "keys" / f"key-{index}").write_text(f"key-of-{index}")
+        state = tmp_path / "state" / str(index)  # the volume's subPathExpr
+        state.mkdir(parents=True)
+        script = localize(command, tmp_path, server).replace(str(tmp_path / "state"), str(state))
+        done = subprocess.run(["sh", "-c", script], cwd=tmp_path / "app", capture_output=True, text=True,
+                              env={**os.environ, "JOB_COMPLETION_INDEX": str(index)}, timeout=60)
+        assert done.returncode == 0, done.stderr
+    dirs = [str(tmp_path / "state" / str(index) / "shard") for index in range(3)]
+    code, err, _ = run_cli([tmp_path / "app" / "ids.txt", "--cover", *dirs])
+    assert code == ExitCode.OK, err
+    assert {h.get("Authorization") for h in server.seen_headers} == {f"Bearer key-of-{i}" for i in range(3)}
+
+
+def test_the_slurm_array_script_runs_as_written(server, tmp_path):
+    [script] = [b for b in doc_blocks("docs/across-machines.md", "sh") if "#SBATCH" in b]
+    home, keys = tmp_path / "shared-sync", tmp_path / "shared-keys"
+    home.mkdir()
+    keys.mkdir()
+    ids = [f"s{n}" for n in range(30)]
+    (home / "ids.txt").write_text("".join(f"{i}\n" for i in ids))
+    for task in (1, 2, 3):
+        (keys / f"key-{task}").write_text(f"key-of-{task}")
+        env = {**os.environ, "SLURM_ARRAY_TASK_ID": str(task), "SLURM_ARRAY_TASK_MIN": "1",
+               "SLURM_ARRAY_TASK_MAX": "3", "SLURM_ARRAY_TASK_COUNT": "3", "SLURM_ARRAY_JOB_ID": "77"}
+        done = subprocess.run(["bash", "-c", localize(script, tmp_path, server)], capture_output=True, text=True,
+                              env=env, timeout=60)
+        assert done.returncode == 0, done.stderr
+    code, err, _ = run_cli([home / "ids.txt", "--cover", *(str(home / f"state-{t}") for t in (1, 2, 3))])
+    assert code == ExitCode.OK, err
+
+
+def test_the_gnu_parallel_line_runs_every_night_and_the_cover_line_names_its_dirs(server, tmp_path):
+    if not shutil.which("parallel"):
+        pytest.skip("GNU parallel is not installed: the docs' parallel line cannot run here")
+    [line] = [b for b in doc_blocks("docs/across-machines.md", "sh") if b.startswith("parallel ")]
+    home = tmp_path / "srv-sync"
+    home.mkdir()
+    (home / "key").write_text(SECRET)
+    ids = [f"g{n}" for n in range(30)]
+    (home / "ids.txt").write_text("".join(f"{i}\n" for i in ids))
+    for night in ("2026-12-04", "2026-12-05"):  # the job log is the night's
+        script = localize(line, tmp_path, server).replace("host1,host2,host3", ":").replace("$(date +%F)", night)
+        sent = sum(server.hits.values())
+        done = subprocess.run(["bash", "-c", script], cwd=home, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr + done.stdout
+        assert sum(server.hits.values()) > sent  # night 2 runs too: its new ids are fetched
+        with open(home / "ids.txt", "a") as fh:
+            fh.write("".join(f"new-{night}-{n}\n" for n in range(6)))
+    text = (HERE / "docs" / "across-machines.md").read_text()
+    cover = re.search(r"`(\.venv/bin/python redrive\.py ids\.txt --cover [^`]*)`", text).group(1)
+    with open(home / "ids.txt", "w") as fh:  # the list as the second night ran it
+        fh.write("".join(f"{i}\n" for i in ids + [f"new-2026-12-04-{n}" for n in range(6)]))
+    done = subprocess.run(["bash", "-c", localize(cover, tmp_path, server)], cwd=home, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
