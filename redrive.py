@@ -460,6 +460,7 @@ class Config:
     verbose: bool = False  #: -v: a line for each request
     fsync: bool = False
     report: Optional[Path] = None
+    metrics_file: Optional[Path] = None  #: --metrics-file: Prometheus text for node_exporter's textfile collector
     allow_config_change: bool = False
     guard: bool = True  #: halt when a row of answers fail alike (see Guard)
     retry_unsafe: bool = False  #: retry POST/PATCH even when the attempt may have been processed
@@ -3328,6 +3329,8 @@ class Tally:
     throttled: Optional[dict] = None  #: a host took nothing for longer than --max-backoff: host, since
     refresh: Counter = field(default_factory=Counter)  #: refreshed ids by result (see REFRESH_RESULTS)
     kept: list = field(default_factory=list)  #: the refreshed.jsonl records of ids whose refresh failed
+    answers: Counter = field(default_factory=Counter)  #: answers by status class (2xx ... 5xx, or "none")
+    refusals: int = 0  #: throttles: 429, 503 and answers that said they were a rate limit
 
     def count(self, pass_no: int, what: str) -> None:
         self.per_pass.setdefault(pass_no, Counter())[what] += 1
@@ -3697,6 +3700,8 @@ class Settler:
     def finish(self, item: Item, outcome: Outcome) -> None:
         """One outcome of an id in flight: the host, then the guard or the id, then the timeline."""
         item.turned_away, sent = False, item.sent
+        self.tally.answers[f"{outcome.status // 100}xx" if outcome.status else "none"] += 1
+        self.tally.refusals += outcome.throttle
         if self.observe(item, outcome):  # it never reached the host, or the host throttled it: no try spent
             item.turned_away = outcome.throttle  # one id in trouble must not be the host's only probe
             wait = outcome.retry_after if outcome.throttle and outcome.retry_after else 0.0
@@ -5108,6 +5113,9 @@ def add_run_options(run) -> None:
     run.add_argument("--max-time", type=bounded("a number of seconds", 0, 31 * DAY, above=True), metavar="S",
                      help="start no request after S s, exit 1")
     run.add_argument("--report", type=Path, metavar="FILE", help="write report.json to FILE too")
+    run.add_argument("--metrics-file", type=Path, metavar="FILE",
+                     help="write the run's metrics there at every exit, in the Prometheus text format "
+                          "(node_exporter's textfile collector)")
     run.add_argument("--fsync", action="store_true", help="fsync each record before the next step")
     run.add_argument("--allow-config-change", action="store_true", help="accept a request unlike run.json's")
     run.add_argument("--retry-unsafe", action="store_true", help="retry POST/PATCH that may have been processed")
@@ -5199,7 +5207,7 @@ def config_from_args(args, environ, record: Optional[dict]) -> Config:
         rate=args.rate, per_host=args.per_host, shard=args.shard,
         fatal=fatal, retry=retry, skip=skip, max_bytes=args.max_bytes,
         retry_unavailable=args.retry_unavailable, refresh=refresh, max_time=args.max_time, quiet=args.quiet, verbose=args.verbose,
-        fsync=args.fsync, report=args.report, allow_config_change=args.allow_config_change,
+        fsync=args.fsync, report=args.report, metrics_file=args.metrics_file, allow_config_change=args.allow_config_change,
         retry_unsafe=args.retry_unsafe, guard=not args.no_guard,
         secrets=tuple(v for _, v, _ in headers) + tuple(env_values(f"{url_spec} {args.data}", environ)) +
         netrc_secrets())
@@ -5263,23 +5271,28 @@ def dry_run(cfg: Config, err, out) -> ExitCode:
 
 
 def check_report_path(cfg: Config) -> None:
-    """--report names neither the ids file nor a state file (it would be
-    replaced), and can be written: found out before the run is paid for."""
-    if cfg.report is None:
-        return
-    target = Path(os.path.abspath(cfg.report))
+    """--report and --metrics-file name neither the ids file nor a state file
+    (it would be replaced), and can be written: found out before the run is
+    paid for."""
+    for option, given in (("--report", cfg.report), ("--metrics-file", cfg.metrics_file)):
+        if given is not None:
+            check_output_file(cfg, option, given)
+
+
+def check_output_file(cfg: Config, option: str, given: Path) -> None:
+    target = Path(os.path.abspath(given))
     kept = [(cfg.ids_file, "the ids file")] + [(cfg.state_dir / name, f"the state file {name}")
                                                for name in OWN_FILES if name != "report.json"]
     for path, what in kept:
         if Path(os.path.abspath(path)) == target or target.exists() and path.exists() and os.path.samefile(path, target):
-            raise RedriveError(f"--report {cfg.report}: that is {what}, which it would replace; "
+            raise RedriveError(f"{option} {given}: that is {what}, which it would replace; "
                                "name a file outside the state dir")
     if os.path.lexists(target) and not stat.S_ISREG(os.lstat(target).st_mode):
-        raise RedriveError(f"--report {cfg.report}: exists and is not a regular file (a link, a pipe, a device), "
+        raise RedriveError(f"{option} {given}: exists and is not a regular file (a link, a pipe, a device), "
                            "which it would replace; name a new file or a regular one")
     if target.is_dir() or not os.access(target.parent, os.W_OK | os.X_OK) or \
             target.exists() and not os.access(target, os.W_OK):
-        raise RedriveError(f"--report {cfg.report}: cannot be written there; pick a writable path")
+        raise RedriveError(f"{option} {given}: cannot be written there; pick a writable path")
 
 
 def prepare_state_dir(path: Path) -> None:
@@ -5452,11 +5465,71 @@ def finish(report: dict, tally: Tally, cfg: Config, redact: Redactor, err) -> Ex
     text = json.dumps(report, indent=1, ensure_ascii=False) + "\n"
     for path in filter(None, (cfg.state_dir / "report.json", cfg.report)):
         write_atomically(path, text)
+    if cfg.metrics_file:
+        write_metrics(cfg.metrics_file, cfg.state_dir, int(code), report, tally)
     kept = (report["refresh"] or {}).get("kept")
     if code != ExitCode.OK or not cfg.quiet or report["new_unavailable"] or kept:  # -q: silent when nothing is news
         lines = stop_lines(tally, cfg, redact) + summarize(report, news=cfg.quiet, listing=redact(gone_listing(cfg)))
         print("\n".join(map(shown_text, lines)), file=err, flush=True)
     return code
+
+
+#: The metrics file's series: (name, type, help). Every sample is labelled with the state dir.
+METRICS = (
+    ("redrive_last_success_timestamp_seconds", "gauge", "Unix time the last run that ended with exit 0 ended."),
+    ("redrive_exit_code", "gauge", "Exit code of the last run."),
+    ("redrive_run_duration_seconds", "gauge", "How long the last run took."),
+    ("redrive_ids", "gauge", "Ids of the list by state at the end of the last run."),
+    ("redrive_requests", "gauge", "Answers the last run got, by status class (none: no answer)."),
+    ("redrive_refusals", "gauge", "Refusals the last run got: 429, 503 and answers that said they were a rate limit."),
+    ("redrive_quota_remaining", "gauge", "Requests the API declared left, at the end of the last run."),
+    ("redrive_quota_reset_timestamp_seconds", "gauge", "Unix time the API declared its quota resets."),
+)
+
+
+def label(value: str) -> str:
+    """A label value in the Prometheus text format: backslash, quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def write_metrics(path: Path, state_dir: Path, code: int, report: Optional[dict], tally: Optional["Tally"]) -> None:
+    """--metrics-file: the run in the Prometheus text format that
+    node_exporter's textfile collector reads, written whole (a scrape never
+    sees half a file). The last success is carried over from the file a run
+    that did not end 0 replaces. A run that stopped before it began (exit 2,
+    75) has no report: only its exit code."""
+    where = f'state_dir="{label(str(shown_path(state_dir)))}"'
+    last = parse_iso(report["finished_at"]) if code == ExitCode.OK and report else previous_success(path)
+    samples = {"redrive_exit_code": [("", code)]}
+    if report and tally:
+        samples.update({
+            "redrive_run_duration_seconds": [("", report["elapsed_s"])],
+            "redrive_ids": [(f',state="{k}"', report["counts"][k]) for k in ("done", "unavailable", "failed",
+                                                                             "pending")],
+            "redrive_requests": [(f',class="{k}"', n) for k, n in sorted(tally.answers.items())],
+            "redrive_refusals": [("", tally.refusals)]})
+    if last is not None:
+        samples["redrive_last_success_timestamp_seconds"] = [("", last)]
+    quota = (report or {}).get("quota")
+    if quota:
+        samples["redrive_quota_remaining"] = [("", quota["remaining"])]
+        samples["redrive_quota_reset_timestamp_seconds"] = [("", parse_iso(quota["resets_at"]))]
+    lines = []
+    for name, kind, text in METRICS:
+        if name in samples:
+            lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
+            lines += [f"{name}{{{where}{extra}}} {float(value)!r}" for extra, value in samples[name]]
+    write_atomically(path, "\n".join(lines) + "\n")
+
+
+def previous_success(path: Path) -> Optional[float]:
+    """The last success an earlier metrics file at path recorded, if any."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    found = re.search(r"^redrive_last_success_timestamp_seconds\{[^\n]*\} (\S+)$", text, re.M)
+    return header_number(found.group(1)) if found else None
 
 
 def gone_listing(cfg: Config) -> str:
@@ -5617,6 +5690,10 @@ def main(argv=None, *, fx: Effects = Effects(), err=None, out=None, environ=None
         return int(run(cfg, fx, err))
     except RedriveError as exc:
         print(shown_text(f"redrive: error: {exc}"), file=err)
+        metrics = getattr(locals().get("args"), "metrics_file", None)
+        if metrics is not None and state_dir is not None and "--metrics-file" not in str(exc):
+            with contextlib.suppress(OSError, RedriveError):  # the monitor sees this exit too, not the last run's
+                write_metrics(metrics, state_dir, int(exc.code), None, None)
         return int(exc.code)
     except KeyboardInterrupt:
         print("redrive: interrupted while starting; rerun the same command", file=err)

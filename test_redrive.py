@@ -5041,3 +5041,52 @@ def test_the_gnu_parallel_line_runs_every_night_and_the_cover_line_names_its_dir
     done = subprocess.run(["bash", "-c", localize(cover, tmp_path, server)], cwd=home, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def read_metrics(path):
+    """The metrics file read by prometheus_client's own parser: {(name, labels...): value}."""
+    parser = pytest.importorskip("prometheus_client.parser")
+    text = path.read_text()
+    assert text.endswith("\n") and "\n\n" not in text
+    found = {}
+    for family in parser.text_string_to_metric_families(text):
+        assert family.type == "gauge" and family.documentation
+        for sample in family.samples:
+            labels = dict(sample.labels)
+            assert labels.pop("state_dir").endswith("ids.redrive")
+            found[(sample.name, *sorted(labels.values()))] = sample.value
+    return found
+
+
+def test_metrics_file_says_what_the_run_did_in_the_prometheus_text_format_at_every_exit(server, tmp_path):
+    metrics = tmp_path / "redrive.prom"
+    server.replies.update({"gone": [404], "busy": [429, 200], "bad": [401]})
+    fake = FakeTime()
+    reset = int(fake.wallclock()) + 600
+    server.replies["a"] = [(200, b'{"id":"a"}', {"Content-Type": "application/json", "X-RateLimit-Limit": "100",
+                                                 "X-RateLimit-Remaining": "97", "X-RateLimit-Reset": str(reset)})]
+    code, err, _ = crawl(server, tmp_path, ["a", "gone", "busy", "b"], "--metrics-file", str(metrics), fake=fake)
+    assert code == ExitCode.OK, err
+    m = read_metrics(metrics)
+    assert m[("redrive_exit_code",)] == 0 and m[("redrive_last_success_timestamp_seconds",)] == fake.wallclock()
+    assert m[("redrive_ids", "done")] == 3 and m[("redrive_ids", "unavailable")] == 1
+    assert m[("redrive_ids", "failed")] == m[("redrive_ids", "pending")] == 0
+    assert m[("redrive_requests", "2xx")] == 3 and m[("redrive_requests", "4xx")] == 2
+    assert m[("redrive_refusals",)] == 1 and m[("redrive_quota_remaining",)] == 97
+    assert m[("redrive_quota_reset_timestamp_seconds",)] == reset
+    success = m[("redrive_last_success_timestamp_seconds",)]
+    fake.now += 3600
+    code, err, _ = crawl(server, tmp_path, ["a", "gone", "busy", "b", "bad"], "--metrics-file", str(metrics),
+                         fake=fake)
+    assert code == ExitCode.FATAL
+    m = read_metrics(metrics)
+    assert m[("redrive_exit_code",)] == 3 and m[("redrive_last_success_timestamp_seconds",)] == success  # kept
+    assert m[("redrive_ids", "pending")] == 1
+    with redrive.RunLock(tmp_path / "ids.redrive", time.time):  # another run holds the state dir: exit 75
+        code, err, _ = crawl(server, tmp_path, ["a"], "--metrics-file", str(metrics))
+    assert code == ExitCode.LOCKED
+    assert read_metrics(metrics) == {("redrive_exit_code",): 75, ("redrive_last_success_timestamp_seconds",): success}
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    code, err, _ = crawl(server, tmp_path, ["a"], "--metrics-file", str(fifo))
+    assert code == ExitCode.USAGE and "--metrics-file" in err and "not a regular file" in err
