@@ -1537,6 +1537,22 @@ def main(argv=None):
         return paced_loop(url, ids_file, rate, concurrency)
     if argv is None and sys.argv[1:2] == ["--launcher"]:
         return launcher_loop()
+    args = build_parser().parse_args(argv)
+    opt = Settings(args.latency / 1000, args.concurrency, args.limit, fault_table(args.faults))
+    print(f"redrive benchmark: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
+    launcher()  # now, while this process is small (see Launcher)
+    for name in args.scenarios or SCENARIOS:
+        for code in [HERE / "redrive.py"] + ([args.old] if args.old else []):
+            REDRIVE[0] = code
+            if args.old:
+                print(f"\n== {name}: {code}")
+            with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as folder:
+                SCENARIOS[name](Path(folder), args.ids or COUNTS[name], opt)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (the docs' bench lines are parsed with it by the tests)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("scenarios", nargs="*", choices=[[]] + list(SCENARIOS), default=[], metavar="SCENARIO",
                         help="any of: " + " ".join(SCENARIOS) + " (default: all)")
@@ -1550,18 +1566,7 @@ def main(argv=None):
     parser.add_argument("--old", type=Path, metavar="REDRIVE_PY",
                         help="an older redrive.py to run each scenario with too, right after this one's "
                              "(e.g. from 'git show REV:redrive.py > /tmp/old.py')")
-    args = parser.parse_args(argv)
-    opt = Settings(args.latency / 1000, args.concurrency, args.limit, fault_table(args.faults))
-    print(f"redrive benchmark: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
-    launcher()  # now, while this process is small (see Launcher)
-    for name in args.scenarios or SCENARIOS:
-        for code in [HERE / "redrive.py"] + ([args.old] if args.old else []):
-            REDRIVE[0] = code
-            if args.old:
-                print(f"\n== {name}: {code}")
-            with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as folder:
-                SCENARIOS[name](Path(folder), args.ids or COUNTS[name], opt)
-    return 0
+    return parser
 
 
 def fault_mix(text: str) -> dict:

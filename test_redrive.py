@@ -3,6 +3,7 @@ subprocesses and signals; the clock, the sleep and the randomness injected."""
 
 import base64
 import html
+import importlib
 import csv
 import email.utils
 import errno
@@ -5089,3 +5090,45 @@ def test_metrics_file_says_what_the_run_did_in_the_prometheus_text_format_at_eve
     os.mkfifo(fifo)
     code, err, _ = crawl(server, tmp_path, ["a"], "--metrics-file", str(fifo))
     assert code == ExitCode.USAGE and "--metrics-file" in err and "not a regular file" in err
+
+
+def test_the_readmes_real_use_block_and_cron_line_run_as_written(server, tmp_path):
+    readme = (HERE / "README.md").read_text(encoding="utf-8")
+    real = readme.split("## Real use", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    [cron] = doc_blocks("README.md", "cron")
+    (tmp_path / "products.txt").write_text("a\nb\n")
+    script = localize(real.replace("export API_KEY=...", f"export API_KEY={SECRET}"), tmp_path, server)
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert server.seen_headers[-1]["Authorization"] == f"Bearer {SECRET}"
+    with open(tmp_path / "products.txt", "a") as fh:
+        fh.write("c\n")
+    plain = localize(".venv/bin/python redrive.py products.txt", tmp_path, server)  # "plain ... resumes"
+    done = subprocess.run(["bash", "-c", plain], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "API_KEY": SECRET})
+    assert done.returncode == 0 and server.paths[-1] == "/items/c", done.stderr
+    home = tmp_path / "srv-sync"
+    home.mkdir()
+    (home / "key").write_text(SECRET)
+    (home / "products.txt").write_text("d\ne\n")
+    command = localize(cron.split(None, 5)[5], tmp_path, server)
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == done.stderr == "", done.stderr  # -q: nothing to mail
+    assert sorted((home / "products.redrive" / "done.txt").read_text().split()) == ["d", "e"]
+
+
+def test_the_benchmark_commands_in_the_docs_are_ones_the_bench_takes():
+    bench = importlib.import_module("bench_redrive")
+    lines = []
+    for block in doc_blocks("docs/benchmarks.md", "sh"):
+        lines += [line.split("#")[0].strip() for line in block.replace("\\\n", " ").splitlines()]
+    commands = [part.strip() for line in lines for part in line.split("&&") if "bench_redrive.py" in part]
+    assert len(commands) >= 6
+    for command in commands:
+        argv = shlex.split(command)
+        bench.build_parser().parse_args(argv[argv.index("bench_redrive.py") + 1:])  # exits 2 on a wrong name
+    revisions = set(re.findall(r"git show ([0-9a-f]{7,}\S*):redrive\.py", "\n".join(lines)))  # REV: a placeholder
+    if (HERE / ".git").exists() and shutil.which("git"):
+        for rev in revisions:
+            assert subprocess.run(["git", "-C", str(HERE), "cat-file", "-e", f"{rev}:redrive.py"]).returncode == 0
