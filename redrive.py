@@ -1420,6 +1420,7 @@ class Quota:
     share: float = 1.0  #: requests this run may send per unit left: 1 / what the count falls by per answer
     answered: int = 0  #: this run's answers that declared the window since its first declaration
     spent: float = 0.0  #: what the declared remaining fell by meanwhile, everyone's requests
+    largest: float = 0.0  #: the most it fell by between two answers: one burst of another client's
 
     def pace(self, now: float, wanted: int) -> Optional[float]:
         """What is left spread evenly up to the reset; None when it is spent or
@@ -1431,30 +1432,22 @@ class Quota:
 class Host:
     """One origin's gate: how many requests may be in flight, and when the next may go.
 
-    1. A declared quota is believed (see declared_quota): what is left, less what
-       is in flight, is spread evenly up to its reset when the ids ready could
-       spend it, each unit worth 1 / (what the count falls by per answer) requests
-       (others on the key spend it too; some answers cost nothing); at none left,
-       nothing until the reset + QUOTA_MARGIN, then one request until an answer
-       declares the new window. The tightest bucket governs.
-    2. Otherwise slow start: START_LIMIT in flight, SLOW_START_STEP more per answer,
-       one less per refusal.
-    3. A fresh refusal (429 or 503 of an id not refused for itself just before) is
-       the host's when the fresh refusals among its last SHARE_ANSWERS answers sent
-       after the last cut exceed bN + SHARE_SIGMAS * sqrt(bN) + 1; b is the share it
-       refused while paced below a cut (one in N until measured). A refusal that
-       says it is a rate limit is the host's; any other is the id's: it waits alone.
-    4. The host's refusal of a request sent after the last cut is a cut (so one per
-       round trip): W_max is the pace it took, the rate BETA x W_max, then CUBIC's
-       W(t) = W_max (1 - BETA) ((t - K) / K)^3 + W_max, K = max(CUBIC_C / W_max, RATE_SPAN).
-       Cuts in a row that do not bring the refusals under the bar within N answers
-       were not the limit's: the limit is forgotten, and b has learnt their share.
-    5. The host's refusal after a cut with nothing taken since: a window ran out.
-       One request at a time, paused for its Retry-After, or, with none, for
-       PROBE_SHARE of the time refused so far; only then does a Retry-After pause
-       the host; once it has refused everything for longer than --max-backoff it
-       is paused past the run's reach (the run ends, its ids pending). --rate and
-       --per-host bound it all.
+    1. A declared quota is believed: what is left, less what is in flight, spread up to its
+       reset, a unit worth 1 / (its fall per answer, the largest fall left out) requests; at
+       none left, one request after the reset. The tightest bucket governs. A renewed window
+       whose first success says none of 2+ is left is a lie: no declaration is believed since.
+    2. Slow start: START_LIMIT in flight, SLOW_START_STEP more per answer, one less per refusal.
+    3. A fresh refusal (429 or 503 of an id not refused for itself just before) is the host's
+       when the fresh refusals among its last SHARE_ANSWERS answers sent after the last cut
+       exceed bN + SHARE_SIGMAS sqrt(bN) + 1 (b: its share refused while paced below a cut, 1/N
+       until measured); one that says it is a rate limit always is. Any other waits alone.
+    4. The host's refusal of a request sent after the last cut is a cut: W_max the pace it took,
+       the rate BETA W_max, then W(t) = W_max (1 - BETA) ((t - K) / K)^3 + W_max with
+       K = max(CUBIC_C / W_max, RATE_SPAN). Cuts that leave refusals over the bar for N answers
+       were not the limit's: it is forgotten, and b has learnt their share.
+    5. The host's refusal with nothing taken since the cut: one request at a time after its
+       Retry-After or PROBE_SHARE of the time refused so far; refusing all past --max-backoff,
+       it is paused past the run's reach. --rate and --per-host bound everything.
     """
 
     cap: int  #: --per-host, or --concurrency
@@ -1477,6 +1470,8 @@ class Host:
     sample: Optional[list] = None  #: answers and fresh refusals since a cut (and the cuts after it), until N
     below: list = field(default_factory=lambda: [0, 0])  #: the same, summed over every sample completed
     quotas: dict = field(default_factory=dict)  #: bucket -> Quota
+    renewed: set = field(default_factory=set)  #: buckets whose window ran out, until the next declares it
+    believed: bool = True  #: its declared quotas are believed (see declared)
     unreached: int = 0  #: requests in a row that never reached the host
     down_since: Optional[float] = None
     probes: int = 0  #: probes that failed since it went down
@@ -1577,23 +1572,35 @@ class Host:
                 self.sampled()
         for bucket in [b for b, q in self.quotas.items() if q.reset_at + QUOTA_MARGIN <= now]:
             del self.quotas[bucket]  # renewed: the next declaration tells the new window
-        if declared is not None:
-            self.declared(now, declared)
+            self.renewed.add(bucket)
+        if declared is not None and self.believed:
+            self.declared(now, declared, taken)
 
-    def declared(self, now: float, declared: Declared) -> None:
+    def declared(self, now: float, declared: Declared, taken: bool = True) -> None:
         """A quota an answer declared. What is left is worth as many requests
         as the count falls by per answer of this run's in the window: more
         than one when other clients spend the same key, less when some
-        answers cost nothing (GitHub counts no 304). The first answer is taken
-        to cost one, so a few answers move the measure little."""
+        answers cost nothing (GitHub counts no 304). The largest fall is left
+        out (one burst of another client's is no steady rate), and the first
+        answer is taken to cost one, so a few answers move the measure little.
+        A window renewed at its reset whose first answer takes the request
+        but says none of its two or more is left contradicts itself: the
+        host's declarations are not believed from then on (see 1)."""
         held, reset_at = self.quotas.get(declared.bucket), now + declared.reset
+        if declared.bucket in self.renewed and held is None:
+            self.renewed.discard(declared.bucket)
+            if taken and declared.remaining < 1 and (declared.limit or 0) >= 2:
+                self.believed, self.quotas = False, {}
+                return
         quota = Quota(declared.remaining - self.inflight, reset_at, declared.limit, declared.remaining,
                       held.share if held else 1.0)  # those in flight may not be counted yet
         if held is not None and abs(held.reset_at - reset_at) < 1.0:  # the same window (resets are in seconds)
             quota.reset_at = min(reset_at, held.reset_at)  # a reset in whole seconds is late by up to one
             quota.remaining = min(declared.remaining, held.remaining)  # an overtaken answer says more is left
-            quota.answered, quota.spent = held.answered + 1, held.spent + held.remaining - quota.remaining
-            quota.share = (quota.answered + 1) / (quota.spent + 1)
+            fall = held.remaining - quota.remaining
+            quota.answered, quota.spent = held.answered + 1, held.spent + fall
+            quota.largest = max(held.largest, fall)
+            quota.share = quota.answered / (quota.spent - quota.largest + 1)
             quota.left = quota.remaining * quota.share - self.inflight
         self.quotas[declared.bucket] = quota
 

@@ -5132,3 +5132,39 @@ def test_the_benchmark_commands_in_the_docs_are_ones_the_bench_takes():
     if (HERE / ".git").exists() and shutil.which("git"):
         for rev in revisions:
             assert subprocess.run(["git", "-C", str(HERE), "cat-file", "-e", f"{rev}:redrive.py"]).returncode == 0
+
+
+class Burst(Window):
+    """A declared hourly window (GitHub's headers) that another client on the key spends `burst`
+    of at once, at `at` seconds, and then no more."""
+
+    def __init__(self, size, seconds, burst, at):
+        super().__init__(size, seconds, False, "github")
+        self.burst, self.at, self.spent = burst, at, False
+
+    def __call__(self, item, n, now):
+        if now >= self.at and not self.spent:
+            self.spent, self.used = True, self.used + self.burst
+        return super().__call__(item, n, now)
+
+
+def test_class_one_burst_of_another_client_on_the_key_is_not_taken_for_its_steady_rate():
+    limit = Burst(5000, 3600, 2000, at=0.1)  # 40 % of the hour's quota gone at once, early
+    run = drive(limit, 400, until=3600)
+    assert len(run["ended"]) == 400 and {b for _, b, _ in run["ended"].values()} == {Bucket.OK}
+    assert run["refused"] == 0
+    assert run["end"] < 60  # 400 ids of the 3,000 left: paced over seconds, not stopped until the reset
+
+
+class Liar:
+    """A quota that says 5 a minute, with none left after 5 and a reset always a minute ahead, on a
+    server that takes everything: the declaration is not what limits it."""
+
+    def __call__(self, item, n, now):
+        return 200, declared_headers("github", 5, max(0, 4 - item), 60, WALL + now + 60), b'{"ok":1}'
+
+
+def test_class_a_declared_quota_the_answers_contradict_is_not_believed():
+    run = drive(Liar(), 500, until=600)
+    assert len(run["ended"]) == 500 and run["refused"] == 0
+    assert run["end"] < 120  # not 1 request a minute: 500 ids would take 8 hours
