@@ -1511,6 +1511,13 @@ def model(folder, count, opt):
     rows.append(("penalty box 5 r/s, a 20 s block per excess, 300 ids, --max-backoff 300",
                  f"{box.blocks} blocks (target <= 2), {run['end'] / box.ideal(300):.2f} x ideal, "
                  f"{len(run['ended'])} ended"))
+    burst = t.Burst(5000, 3600, 2000, at=0.1)
+    run = t.drive(burst, 400, until=7200)
+    rows.append(("declared 5,000 an hour, another client spends 2,000 at once, 400 ids",
+                 f"{run['end']:.1f} s, refused {run['refused']}, {len(run['ended'])} ended (before: stopped until the reset)"))
+    run = t.drive(t.Liar(), 500, until=7200)
+    rows.append(("a declared 5 a minute that never renews, on a server that takes all, 500 ids",
+                 f"{run['end']:.1f} s, refused {run['refused']}, {len(run['ended'])} ended"))
     table("the fake-clock model: limiter shapes through redrive's own run loop, concurrency 32, 20 ms answers", rows)
 
 
