@@ -1104,7 +1104,8 @@ def hidden(value: str, digest: bool) -> str:
     return f"REDACTED~{hashlib.sha256(value.encode()).hexdigest()[:8]}" if digest else "REDACTED"
 
 
-def kept_url(spec: str, public: Iterable[str] = (), digest: bool = False) -> str:
+@functools.lru_cache(maxsize=64)  # one template, asked for every result line
+def kept_url(spec: str, public: tuple = (), digest: bool = False) -> str:
     """A --url template as outputs show it (and run.json keeps it, digest
     set): the userinfo's secret hidden, and every query value unless it
     holds {id}, is a ${VAR} reference, or its name is given --public. What
@@ -2615,10 +2616,11 @@ TRANSPORT_ERRORS = (requests.RequestException, urllib3.exceptions.HTTPError, htt
 class Attempt:
     """One attempt's deadline, and the connection it is using (see Watchdog)."""
 
-    __slots__ = ("deadline", "conn", "expired")
+    __slots__ = ("deadline", "conn", "expired", "watched")
 
     def __init__(self, deadline: float):
         self.deadline, self.conn, self.expired = deadline, None, False
+        self.watched = False  #: its answer is watched for a stray behind it (see in_step)
 
     def cut(self) -> None:
         """Past the deadline: shut the socket down, which wakes a read blocked on it."""
@@ -2710,7 +2712,8 @@ class FinalResponse(http.client.HTTPResponse):
     def _close_conn(self):
         """The answer is read: look at what its buffer read past it (a
         connection must carry nothing more), which closing it would drop."""
-        if self.fp is not None and not self.leftover:
+        attempt = getattr(CURRENT, "attempt", None)
+        if self.fp is not None and not self.leftover and attempt is not None and attempt.watched:
             self.leftover = bool(buffered(self.fp))
         super()._close_conn()
 
@@ -2809,6 +2812,15 @@ class HostSettings:
         self.memo, self.size = {}, size
         self.single_use = set()  #: origins seen out of step: a new connection for every request (see in_step)
         self.checked = {}  #: origin -> answers on a reused connection watched for a stray (see in_step)
+        self.answers = {}  #: origin -> its answers so far
+
+    def watched(self, origin: tuple) -> bool:
+        """Is the next answer from origin watched for a stray (see in_step)?"""
+        return self.checked.get(origin, 0) < IN_STEP_CHECKS or self.answers.get(origin, 0) % IN_STEP_CHECKS ** 2 == 0
+
+    def answered(self, origin: tuple, checked: bool) -> None:
+        self.answers[origin] = self.answers.get(origin, 0) + 1
+        self.checked[origin] = self.checked.get(origin, 0) + checked
 
     def __call__(self, url: str, origin: tuple) -> tuple:
         found = self.memo.get(origin)
@@ -2817,6 +2829,7 @@ class HostSettings:
             if len(self.memo) >= self.size:
                 self.memo.clear()
                 self.checked.clear()
+                self.answers.clear()
             self.memo[origin] = found
         return found
 
@@ -2864,7 +2877,8 @@ class GuardedSession(requests.Session):
         prepared.headers.update(extra)  # a refresh's If-None-Match and If-Modified-Since
         prepared.prepare_cookies(self.cookies)
         prepared.prepare_body(body, None)
-        prepared.prepare_auth(auth, url)  # .netrc's, else the URL's user:password@, as requests sends them
+        if auth or "@" in url:  # .netrc's, else the URL's user:password@, as requests sends them
+            prepared.prepare_auth(auth, url)
         settings = {"stream": True, "timeout": timeout, "verify": self.verify, "cert": self.cert,
                     "proxies": proxies}
         resp = self.get_adapter(prepared.url).send(prepared, **settings)
@@ -2948,17 +2962,17 @@ def in_step(conn, out: Outcome, hosts: "HostSettings", origin: tuple, has_body: 
     id is asked again. A stray that overtakes the answer is followed by
     the answer within about an answer's time, so each host's first
     IN_STEP_CHECKS answers on a reused connection wait that long (at most
-    IN_STEP_WAIT) to see; later ones look only at what has come. A request
+    IN_STEP_WAIT) to see; later ones, one in IN_STEP_CHECKS ** 2, look only
+    at what has come (each look costs system calls). A request
     with a body is never followed on its connection (a server that answered
     before reading the body takes the rest for a request), nor is an answer
     that is not a clean success."""
     if conn is None:
         return out
-    reused = conn.sent > 1
-    checks = hosts.checked.get(origin, 0)
-    wait = min(took, IN_STEP_WAIT) if reused and checks < IN_STEP_CHECKS else 0.0
-    stray = leftover or stray_bytes(conn, wait)
-    hosts.checked[origin] = checks + bool(wait)
+    reused, watched = conn.sent > 1, hosts.watched(origin)
+    wait = min(took, IN_STEP_WAIT) if reused and hosts.checked.get(origin, 0) < IN_STEP_CHECKS else 0.0
+    stray = leftover or watched and stray_bytes(conn, wait)
+    hosts.answered(origin, reused and watched)
     if stray:
         hosts.single_use.add(origin)
     if stray or has_body or out.bucket is not Bucket.OK or origin in hosts.single_use:
@@ -3006,6 +3020,7 @@ def fetch(session: GuardedSession, item_id: str, cfg: Config, redact: Redactor,
     phase, chunked = Phase.REQUEST, False
     try:
         session.origin = origin_of(url)
+        attempt.watched = session.environment.watched(session.origin)
         proxies, auth = session.environment(url, session.origin)  # parses the URL: a bad port raises here
         with session.open(cfg.request.method, url, body, cfg.timeout, proxies, auth, conditional) as resp:
             conn = getattr(resp.raw, "connection", None)  # before the body is read, which gives it back to the pool
