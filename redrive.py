@@ -3393,6 +3393,18 @@ class Schedule:
         else:
             heapq.heappush(self.heap, (ready_at, next(self.seq), item))
 
+    def add_untried(self, item_id: str) -> None:
+        """An id of pass one, never tried, due now: it waits in its host's
+        queue as its text alone, and becomes an Item when it is taken. A
+        list of millions costs a reference each, not an object each."""
+        name = self.fixed_host or host_of(self.cfg.request.url, item_id)
+        host = self.hosts.get(name)
+        if host is None:
+            host = self.hosts[name] = Host(cap=self.cfg.per_host or self.cfg.concurrency, longest=self.cfg.max_backoff)
+        if not host.ready:
+            self.active.append(name)
+        host.ready.append(item_id)
+
     def pending(self) -> int:
         return len(self.heap) + sum(len(self.hosts[name].ready) for name in self.active)
 
@@ -3441,6 +3453,8 @@ class Schedule:
         if host is None:
             return None
         item = host.ready.popleft() if host.down_since is None else self._probe(host)
+        if isinstance(item, str):  # an untried id waits as its text alone (see add_untried)
+            item = Item(item, host=self.active[-1])
         if not host.ready:
             self.active.pop()  # the host _open_host left last: no scan of a million hosts
         host.start(now)
@@ -3457,7 +3471,7 @@ class Schedule:
         ready = host.ready
         for _ in range(DOWN_AFTER):
             at = int(self.rand() * len(ready)) % len(ready)
-            if ready[at].tries == 0 and not ready[at].timed_out:
+            if isinstance(ready[at], str) or ready[at].tries == 0 and not ready[at].timed_out:
                 item = ready[at]
                 del ready[at]
                 return item
@@ -4110,7 +4124,9 @@ def plan(ids: list, state: State, cfg: Config, batch: Batch, ledger: Ledger, fx:
             settler.say("redrive: warning: failed.jsonl holds times in the future (a clock ahead?); they count as now")
         step = resume_step(last, cfg, wall) if last else None
         listed = item_id in state.gone
-        if step is None:
+        if step is None and not listed:
+            batch.timeline.add_untried(item_id)
+        elif step is None:
             settler.schedule(Item(item_id, listed=listed), now)
         elif step.move is Move.GIVE_UP:
             settle_exhausted(item_id, last, ledger, state, cfg, wall)
