@@ -1033,7 +1033,7 @@ http {{
     client_body_temp_path {dir}/tmp; proxy_temp_path {dir}/tmp; fastcgi_temp_path {dir}/tmp;
     uwsgi_temp_path {dir}/tmp; scgi_temp_path {dir}/tmp;
     limit_req_zone $server_name zone=api:1m rate={rate}r/s;
-    limit_req_status 429;
+    limit_req_status {status};
     server {{
         listen 127.0.0.1:{port};
         server_name bench;
@@ -1061,10 +1061,10 @@ def nginx(folder, count, opt):
           f"concurrency {opt.concurrency}, no --rate unless shown", rows)
 
 
-def nginx_row(binary, folder, rate, burst, nodelay, count, opt, given=None):
+def nginx_row(binary, folder, rate, burst, nodelay, count, opt, given=None, status=429):
     """(label, figures) for one limiter: wall against (N - burst) / rate, and the share of 429s;
     `given`: the --rate given by hand (None: discovered), or "bare": paced_loop told the limit."""
-    run_dir = folder / f"nginx-{rate}-{burst}-{int(nodelay)}{f'-rate-{given}' if given else ''}"
+    run_dir = folder / f"nginx-{rate}-{burst}-{int(nodelay)}-{status}{f'-rate-{given}' if given else ''}"
     hand, shown = by_hand(given) if given != "bare" else ([], f", a bare client paced at {rate * PACED_SHARE:g} r/s")
     (run_dir / "www" / "items").mkdir(parents=True)
     (run_dir / "tmp").mkdir()
@@ -1074,7 +1074,7 @@ def nginx_row(binary, folder, rate, burst, nodelay, count, opt, given=None):
     port = free_port()
     conf = run_dir / "nginx.conf"
     conf.write_text(NGINX_CONF.format(dir=run_dir, port=port, rate=rate, burst=f" burst={burst}" if burst else "",
-                                      nodelay=" nodelay" if nodelay else ""))
+                                      nodelay=" nodelay" if nodelay else "", status=status))
     server = subprocess.Popen([binary, "-c", str(conf), "-p", str(run_dir), "-e", str(run_dir / "error.log")],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -1094,17 +1094,17 @@ def nginx_row(binary, folder, rate, burst, nodelay, count, opt, given=None):
         server.wait()
     log = [line.split() for line in (run_dir / "access.log").read_text().splitlines()]
     statuses = Counter(row[-1] for row in log)
-    sent, throttled = sum(statuses.values()), statuses["429"]
+    sent, throttled = sum(statuses.values()), statuses[str(status)]
     started = min((float(row[0]) for row in log), default=0.0)
-    early = sum(row[-1] == "429" and float(row[0]) < started + 1.0 for row in log)  # finding the limit
+    early = sum(row[-1] == str(status) and float(row[0]) < started + 1.0 for row in log)  # finding the limit
     queued = burst and not nodelay  # nginx logs a queued request when it lets it go, not when it came
     spread = "n/a (queued)" if queued else f"{send_spread([float(row[0]) for row in log]) * 1000:.1f} ms"
     ideal = (count - burst) / rate
-    label = (f"{rate} r/s, burst {burst}{' nodelay' if nodelay else ''}, {count} ids"
+    label = (f"{rate} r/s, burst {burst}{' nodelay' if nodelay else ''}{', 503' if status == 503 else ''}, {count} ids"
              f"{shown} (exit {run.code})")
     show_error(run)
     return label, (f"wall {run.wall:.1f} s = {run.wall / ideal:.2f} x (N - burst) / rate (target <= 1.15), "
-                   f"429s {throttled} = {throttled / max(sent, 1):.1%} of {sent} requests (target <= 3%; "
+                   f"{status}s {throttled} = {throttled / max(sent, 1):.1%} of {sent} requests (target <= 3%; "
                    f"{early} in the first second, {throttled - early} after), "
                    f"send spread {spread}, "
                    f"CPU {cpu_us(run, sent):.0f} us/request, peak {run.rss:.0f} MB")
@@ -1483,7 +1483,8 @@ def fs_type(folder):
 
 
 #: (rate r/s, burst, nodelay, ids): slow limits, as public APIs set them (1 a second, 5, 10).
-NGINX_SLOW = [(1, 0, False, 90), (2, 0, False, 240), (5, 0, False, 300), (10, 5, True, 600)]
+NGINX_SLOW = [(1, 0, False, 90), (2, 0, False, 240), (5, 0, False, 300), (10, 5, True, 600),
+              (5, 5, False, 300), (2, 0, False, 240, 503)]  # a queued burst; 503 as the refusal (MusicBrainz)
 
 
 def nginx_slow(folder, count, opt):
@@ -1492,7 +1493,8 @@ def nginx_slow(folder, count, opt):
     if not binary:
         print("\nnginx-slow: skipped: nginx is not installed (apt-get install nginx)")
         return
-    rows = [nginx_row(binary, folder, rate, burst, nodelay, count or ids, opt) for rate, burst, nodelay, ids in NGINX_SLOW]
+    rows = [nginx_row(binary, folder, rate, burst, nodelay, count or ids, opt, None, *status)
+            for rate, burst, nodelay, ids, *status in NGINX_SLOW]
     table(f"nginx {nginx_version(binary)} limit_req at slow limits (429, no Retry-After), every 50th id a 404, "
           f"concurrency {opt.concurrency}, no --rate", rows)
 

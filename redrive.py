@@ -28,7 +28,7 @@ confirmed unavailable, with its reason and a recommended action.
 
 Each host is paced by the quota it declares (X-RateLimit-*, RateLimit-*
 and the like): what is left is spread up to its reset, and at none left
-nothing is sent until then. A 403 that says it is a rate limit, or a
+nothing is sent until then, unless the answers contradict it. A 403 that says it is a rate limit, or a
 GraphQL 200 whose errors say so, is a throttle too. Where nothing is
 declared, a 429 or 503 is one id's (it waits alone) unless the host's
 refusals outnumber its background share; the host's costs the id no try,
@@ -62,7 +62,10 @@ A run halts (exit 3, nothing recorded for them) when 20 answers in a row
 fail alike (the same 4xx, a TLS error), first or after answers that were
 fine: is --url right, is the key valid? --no-guard turns this off.
 With -q, redrive prints only when a person must act: an exit code but 0,
-or ids newly confirmed unavailable.
+or ids newly confirmed unavailable. --export jsonl|csv|files gives what is
+live, --export gone what went away; --metrics-file FILE the run's figures
+for Prometheus. Literal query values of --url are never stored or shown
+unless named --public.
 When all that is left is due later than the run can usefully wait (past
 --max-time, or past both --cooldown and twice --max-backoff: a long
 Retry-After), the run ends at once with exit 1 and says when to rerun.
