@@ -279,7 +279,7 @@ DOWN_AFTER = 5
 STATE_FILES = ("results.jsonl", "done.txt", "failed.jsonl", "unavailable.jsonl", "refreshed.jsonl")
 
 #: Every file redrive keeps in a state dir (refuse_foreign_files).
-OWN_FILES = (*STATE_FILES, "run.json", "report.json", "lock", "crash.log")
+OWN_FILES = (*STATE_FILES, "run.json", "report.json", "lock", "crash.log", "done.index")
 
 #: A refresh's answers that say the id is gone upstream: it leaves done for unavailable.
 GONE_STATUSES = frozenset({404, 410})
@@ -1675,9 +1675,8 @@ class Host:
 HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 
 
-def read_ids(path: Path) -> tuple:
-    """(unique ids in file order, number of duplicate lines, the set of them)
-    from IDS_FILE."""
+def check_ids_file(path: Path) -> None:
+    """IDS_FILE is a regular file redrive can read; else a one-line error."""
     try:
         mode = os.stat(path).st_mode
         if stat.S_ISDIR(mode):
@@ -1685,9 +1684,20 @@ def read_ids(path: Path) -> tuple:
         if not stat.S_ISREG(mode):  # a FIFO would block, and a rerun must read the same ids again
             raise RedriveError(f"{path}: not a regular file (a pipe or a device); save the ids to a file, "
                                "which a rerun reads again, and give that")
-        data = path.read_bytes()
+        with open(path, "rb"):
+            pass
     except FileNotFoundError:
         raise RedriveError(f"{path}: no such file; give a text file with one id per line") from None
+    except OSError as exc:
+        raise RedriveError(f"{path}: cannot read it ({exc.strerror}); check the path and its permissions") from None
+
+
+def read_ids(path: Path) -> tuple:
+    """(unique ids in file order, number of duplicate lines, the set of them)
+    from IDS_FILE."""
+    check_ids_file(path)
+    try:
+        data = path.read_bytes()
     except OSError as exc:
         raise RedriveError(f"{path}: cannot read it ({exc.strerror}); check the path and its permissions") from None
     if data.startswith(codecs.BOM_UTF8):
@@ -2230,6 +2240,380 @@ def done_lines(path: Path) -> Iterable[list]:
             yield block[:cut].decode("utf-8").split("\n")[:-1]
 
 
+# ------------------------------------------------------------ the state's index
+#
+# Which lines of the ids file are done is derived from done.txt, the record of
+# truth, and kept in STATE_DIR/done.index: a byte per line of the ids file, keyed
+# to the sha256 of the bytes of the ids file and of done.txt it was made from. A
+# run reads it instead of holding the whole list and a set of every done id, so
+# its memory follows the work left, not the list. It is only a cache: missing,
+# torn or stale, it is rebuilt from the two files, and a kill loses nothing.
+
+#: A line's flag in the index: an id to do, done, a repeat of an earlier line,
+#: a blank or '#' line, an id of another shard.
+PENDING, DONE, REPEAT, NO_ID, OTHER_SHARD = range(5)
+
+#: The index file, and the prefix of the scratch dirs a rebuild makes in the state dir.
+INDEX_FILE, SCRATCH_PREFIX = "done.index", ".index-"
+
+#: Bytes of the ids file per part of a rebuild: one part's ids are in memory at a time.
+INDEX_PART = 4 << 20
+
+#: Lines added to the ids file or to done.txt since the index that are merged
+#: into it in memory; past that, it is rebuilt part by part on disk.
+INDEX_LATE = 250_000
+
+
+@dataclass
+class Index:
+    """done.index: flags[n] for line n of the ids file (from 0, blank lines
+    counted), made from its first ids_bytes bytes and done.txt's first
+    done_bytes, and valid while those have these digests. Its first lf_lines
+    lines end with an LF at byte lf_bytes: what follows may yet grow."""
+
+    ids_bytes: int
+    ids_sha: str
+    lf_bytes: int
+    lf_lines: int
+    done_bytes: int
+    done_sha: str
+    shard: Optional[tuple]
+    flags: bytearray
+
+    def counts(self) -> tuple:
+        """(ids of this run, done or not; repeated lines)"""
+        return self.flags.count(PENDING) + self.flags.count(DONE), self.flags.count(REPEAT)
+
+
+def id_blocks(path: Path, start: int = 0, line: int = 0, wanted: Optional[Callable] = None) -> Iterable[tuple]:
+    """The ids file from byte `start` (a line's start, line number `line`),
+    a block at a time: (the block's first line number; its lines, each an id
+    or '' for a blank or '#' line, as read_ids reads them; the offset the
+    block ends at; whether it ends with LF). The last block is what follows
+    the last LF. wanted(first, end): False skips decoding a block (lines None)."""
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        tail, offset = b"", start
+        if start == 0:
+            head = fh.read(len(codecs.BOM_UTF8))
+            tail, offset = (b"", len(head)) if head == codecs.BOM_UTF8 else (head, 0)
+        while True:
+            chunk = fh.read(READ_CHUNK * 16)
+            data = tail + chunk
+            if not data:
+                return
+            cut = data.rfind(b"\n") + 1 if chunk else len(data)
+            if not cut:
+                tail = data
+                continue
+            block, tail = data[:cut], data[cut:]
+            count = block.count(b"\n") + (not chunk) if b"\r" not in block else None
+            if wanted and count is not None and not wanted(line, line + count):
+                ids = None
+            else:
+                ids = block_ids(path, block, line)
+                if chunk:
+                    ids.pop()  # the '' after the block's last LF
+                count = len(ids)
+            offset += cut
+            yield line, ids, offset, bool(chunk)
+            line += count
+            if not chunk:
+                return
+
+
+def block_ids(path: Path, data: bytes, line: int) -> list:
+    """The lines of one block of the ids file (see id_blocks)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        number = line + data.count(b"\n", 0, exc.start) + 1
+        raise RedriveError(f"{path} line {number}: not valid UTF-8; save the file as UTF-8") from None
+    if "\r" in text:  # CRLF, and CR alone (old Mac files): each ends a line
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    lines = text.split("\n")
+    if text.isascii() and not any(c in text for c in STRIPPED):
+        return lines
+    ids = [i if i[:1] != "#" else "" for i in map(str.strip, lines)]
+    plain = text.isascii() and not any(c in text for c in "\v\f\x1c\x1d\x1e")  # no search needed
+    odd = None if plain else next((i for i in ids if LINE_BREAKS.search(i)), None)
+    if odd is not None:
+        raise RedriveError(f"{path} line {line_of(path, odd)}: an id holds a line break that is not LF or CR "
+                           f"({shown_text(LINE_BREAKS.search(odd).group())}); put one id per line")
+    return ids
+
+
+def prefix_digest(path: Path, size: int) -> Optional[str]:
+    """sha256 of a file's first `size` bytes; None if it is shorter."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as fh:
+            while size:
+                block = fh.read(min(size, READ_CHUNK * 16))
+                if not block:
+                    return None
+                digest.update(block)
+                size -= len(block)
+    except FileNotFoundError:
+        return None if size else digest.hexdigest()
+    return digest.hexdigest()
+
+
+def done_end(path: Path) -> int:
+    """The offset where done.txt's complete lines end (0 with no done.txt)."""
+    try:
+        with open(path, "rb") as fh:
+            return _last_newline(fh, fh.seek(0, os.SEEK_END)) + 1
+    except FileNotFoundError:
+        return 0
+
+
+def done_between(path: Path, start: int, end: int) -> Iterable[list]:
+    """The ids of done.txt's lines from offset start to end (line starts), a block at a time."""
+    if end <= start:
+        return
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        tail, left = b"", end - start
+        while left:
+            read = fh.read(min(left, READ_CHUNK * 16))
+            left = left - len(read) if read else 0
+            block = tail + read
+            cut = block.rfind(b"\n") + 1
+            tail = block[cut:]
+            try:
+                yield block[:cut].decode("utf-8").split("\n")[:-1]
+            except UnicodeDecodeError:
+                raise RedriveError(f"{path}: not readable as redrive's UTF-8 id list; move it away") from None
+
+
+def read_index(state_dir: Path) -> Optional[Index]:
+    """done.index as last written; None where it is missing or not whole."""
+    try:
+        with open(state_dir / INDEX_FILE, "rb") as fh:
+            head = json.loads(fh.readline())
+            flags = bytearray(fh.read())
+        index = Index(head["ids_bytes"], head["ids_sha256"], head["lf_bytes"], head["lf_lines"],
+                      head["done_bytes"], head["done_sha256"], tuple(head["shard"]) if head["shard"] else None, flags)
+        whole = len(flags) == head["lines"] >= index.lf_lines and not flags.translate(None, INDEX_FLAGS)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return index if whole else None
+
+
+#: Every byte a flag can be (read_index: any other is no index of redrive's).
+INDEX_FLAGS = bytes(range(OTHER_SHARD + 1))
+
+
+def write_index(state_dir: Path, index: Index) -> None:
+    """done.index replaced whole: a kill leaves the old one or the new."""
+    head = {"redrive_index": 1, "ids_bytes": index.ids_bytes, "ids_sha256": index.ids_sha,
+            "lf_bytes": index.lf_bytes, "lf_lines": index.lf_lines, "done_bytes": index.done_bytes,
+            "done_sha256": index.done_sha, "shard": list(index.shard) if index.shard else None,
+            "lines": len(index.flags)}
+    write_atomically(state_dir / INDEX_FILE, json.dumps(head) + "\n", index.flags)
+
+
+def line_flag(item_id: str, shard: Optional[tuple]) -> int:
+    """A line's flag before done.txt is looked at."""
+    return NO_ID if not item_id else PENDING if shard is None or in_shard(item_id, shard) else OTHER_SHARD
+
+
+def current_index(ids_file: Path, state_dir: Path, shard: Optional[tuple]) -> Index:
+    """The index of the ids file against done.txt, up to date: taken as it
+    is where neither changed; with the lines since added to either merged in
+    (up to INDEX_LATE of them); else rebuilt. Written back when it changed."""
+    for leftover in state_dir.glob(glob.escape(SCRATCH_PREFIX) + "*"):  # a killed rebuild's
+        if leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover, ignore_errors=True)
+    done_path = state_dir / "done.txt"
+    done_to = done_end(done_path)
+    index = read_index(state_dir)
+    if (index is not None and index.shard == shard and index.done_bytes <= done_to
+            and prefix_digest(ids_file, index.ids_bytes) == index.ids_sha
+            and prefix_digest(done_path, index.done_bytes) == index.done_sha):
+        updated = merged_index(index, ids_file, done_path, done_to)
+        if updated is index:
+            return index
+    else:
+        updated = None
+    with StopWhileIndexing():
+        index = updated or built_index(ids_file, state_dir, shard, done_to)
+        write_index(state_dir, index)
+    return index
+
+
+def merged_index(index: Index, ids_file: Path, done_path: Path, done_to: int) -> Optional[Index]:
+    """index with the lines added to the ids file and to done.txt since it
+    merged in: the same object where there are none, None where there are
+    more than INDEX_LATE (a rebuild costs less memory)."""
+    late = set()
+    for lines in done_between(done_path, index.done_bytes, done_to):
+        late.update(lines)
+        if len(late) > INDEX_LATE:
+            return None
+    flags, new = index.flags, {}  # new: id -> its first line past what the index keeps
+    covered = len(flags)
+    if os.stat(ids_file).st_size > index.ids_bytes:  # appended to: its last line may have grown too
+        covered = index.lf_lines
+        del flags[covered:]
+        for line, ids, end, ends_lf in id_blocks(ids_file, index.lf_bytes, covered):
+            for n, item_id in enumerate(ids, line):
+                flags.append(REPEAT if item_id in new else line_flag(item_id, index.shard))
+                if flags[n] in (PENDING, OTHER_SHARD):
+                    new[item_id] = n
+            if len(new) > INDEX_LATE:
+                return None
+            index.ids_bytes = end
+            if ends_lf:
+                index.lf_bytes, index.lf_lines = end, len(flags)
+    if not late and not new:
+        return index
+    pending = (lambda first, end: flags.find(PENDING, first, end) >= 0) if not new else None
+    for line, ids, _, _ in id_blocks(ids_file, 0, 0, pending):
+        if line >= covered:
+            break
+        for n, item_id in enumerate(ids or (), line):
+            if n >= covered:
+                break
+            if item_id in new and flags[n] != REPEAT:  # an old line: the new one repeats it
+                flags[new.pop(item_id)] = REPEAT
+            if flags[n] == PENDING and item_id in late:
+                flags[n] = DONE
+    for lines in done_between(done_path, 0, done_to) if new else ():
+        for item_id in filter(new.__contains__, lines):
+            if flags[new[item_id]] == PENDING:
+                flags[new[item_id]] = DONE
+    index.ids_sha = prefix_digest(ids_file, index.ids_bytes)
+    index.done_bytes, index.done_sha = done_to, prefix_digest(done_path, done_to)
+    return dataclasses.replace(index)
+
+
+def built_index(ids_file: Path, state_dir: Path, shard: Optional[tuple], done_to: int) -> Index:
+    """The index made afresh from the ids file and done.txt, with one part of
+    the ids in memory at a time: the ids and the done ids are split into
+    parts by a hash of the id (an id's lines all fall in one part), and each
+    part is matched alone. Exact: no id is taken as done on a hash."""
+    parts = max(1, os.stat(ids_file).st_size // INDEX_PART)
+    flags, ids_bytes, lf_bytes, lf_lines = bytearray(), 0, 0, 0
+    done_path = state_dir / "done.txt"
+    with Parts(state_dir, parts) as split:
+        for line, ids, end, ends_lf in id_blocks(ids_file):
+            flags.extend(line_flag(i, shard) for i in ids)
+            split.add_lines(line, ids)
+            ids_bytes = end
+            if ends_lf:
+                lf_bytes, lf_lines = end, len(flags)
+        for lines in done_between(done_path, 0, done_to):
+            split.add_done(lines)
+        for numbered, done in split:
+            first = set()
+            for n, item_id in numbered:
+                if item_id in first:
+                    flags[n] = REPEAT
+                else:
+                    first.add(item_id)
+                    if flags[n] == PENDING and item_id in done:
+                        flags[n] = DONE
+    return Index(ids_bytes, prefix_digest(ids_file, ids_bytes), lf_bytes, lf_lines, done_to,
+                 prefix_digest(done_path, done_to), shard, flags)
+
+
+class Parts:
+    """The ids file's id lines and done.txt's ids, split into parts by the
+    id's hash: in memory for one part, else in files of a scratch dir in the
+    state dir, removed on the way out (and by the next run, after a kill)."""
+
+    def __init__(self, state_dir: Path, count: int):
+        self.state_dir, self.count, self.dir = state_dir, count, None
+        self.lines, self.done = [[] for _ in range(count)], [[] for _ in range(count)]
+
+    def __enter__(self):
+        if self.count > 1:
+            self.dir = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=self.state_dir))
+        return self
+
+    def __exit__(self, *exc):
+        if self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def add_lines(self, line: int, ids: list) -> None:
+        for n, item_id in enumerate(ids, line):
+            if item_id:
+                self.lines[hash(item_id) % self.count].append(f"{n}\t{item_id}\n")
+        self._spill(self.lines, "lines")
+
+    def add_done(self, ids: list) -> None:
+        for item_id in ids:
+            self.done[hash(item_id) % self.count].append(item_id + "\n")
+        self._spill(self.done, "done")
+
+    def _spill(self, parts: list, kind: str) -> None:
+        if self.dir is None:
+            return
+        for k, part in enumerate(parts):
+            if part:
+                with open(self.dir / f"{kind}.{k}", "ab") as fh:
+                    fh.write("".join(part).encode("utf-8"))
+                part.clear()
+
+    def _read(self, parts: list, kind: str, k: int) -> list:
+        if self.dir is None:
+            return parts[k]
+        try:
+            return (self.dir / f"{kind}.{k}").read_bytes().decode("utf-8").split("\n")[:-1]
+        except FileNotFoundError:
+            return []
+
+    def __iter__(self):
+        """Per part: (its (line number, id) pairs in line order, the set of its done ids)."""
+        for k in range(self.count):
+            numbered = ((int(n), item_id) for n, _, item_id in
+                        (entry.rstrip("\n").partition("\t") for entry in self._read(self.lines, "lines", k)))
+            yield numbered, set(i.rstrip("\n") for i in self._read(self.done, "done", k))
+
+
+class StopWhileIndexing:
+    """Ctrl+C, SIGTERM or SIGHUP while the index is rebuilt: stop with the
+    signal's exit code, the scratch files removed, nothing else touched."""
+
+    def handle(self, signum, frame):
+        stop = StopSignals.STOPS[signum]
+        raise RedriveError(f"{stop.value} while the state's index was built; nothing was sent: rerun to resume",
+                           stop.code)
+
+    def __enter__(self):
+        self.saved = {}
+        if threading.current_thread() is threading.main_thread():
+            for signum in StopSignals.STOPS:
+                self.saved[signum] = signal.signal(signum, self.handle)
+        return self
+
+    def __exit__(self, *exc):
+        for signum, handler in self.saved.items():
+            signal.signal(signum, handler)
+
+
+def indexed_ids(ids_file: Path, index: Index, keep: Optional[Callable[[str], bool]] = None) -> tuple:
+    """(the ids of the index's PENDING lines, and of its DONE lines that keep
+    takes, in file order; the set of the PENDING ones). A block with none of
+    them is not decoded."""
+    flags = index.flags
+    if keep is None:
+        wanted = lambda first, end: flags.find(PENDING, first, end) >= 0
+    else:
+        wanted = lambda first, end: flags.find(PENDING, first, end) >= 0 or flags.find(DONE, first, end) >= 0
+    chosen, pending = [], set()
+    for line, ids, _, _ in id_blocks(ids_file, 0, 0, wanted):
+        for n, item_id in enumerate(ids or (), line):
+            if flags[n] == PENDING:
+                chosen.append(item_id)
+                pending.add(item_id)
+            elif keep and flags[n] == DONE and keep(item_id):
+                chosen.append(item_id)
+    return chosen, pending
+
+
 def take_back_gone(state: State, ids: list, state_dir: Path, before: Optional[str]) -> list:
     """Done ids whose unavailable record is newer than their last result
     were found removed upstream by a refresh: they go back among the ids not
@@ -2539,15 +2923,15 @@ def refresh_due(done: list, heads: dict, refreshed: dict, before: str) -> list:
     return due
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Write a whole small file so that a reader sees the old or the new one."""
+def write_atomically(path: Path, text: str, data: bytes = b"") -> None:
+    """Write a whole file, text then data, so that a reader sees the old or the new one."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)  # a killed run's, or a link planted there: never written through
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o644), "w",
-                       encoding="utf-8") as fh:
-            fh.write(text)
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o644), "wb") as fh:
+            fh.write(text.encode("utf-8"))
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -2572,7 +2956,7 @@ def compact(path: Path, drop: frozenset = frozenset(), only: Optional[frozenset]
                 if item_id not in drop:
                     lines[key] = line
     if sum(len(line) for line in lines.values()) < path.stat().st_size:
-        write_atomically(path, b"".join(lines.values()).decode("utf-8"))
+        write_atomically(path, "", b"".join(lines.values()))
 
 
 def recorded_request(record: dict, given: frozenset = frozenset()) -> dict:
@@ -4109,13 +4493,14 @@ class Batch:
         return mine
 
 
-def plan(ids: list, state: State, cfg: Config, batch: Batch, ledger: Ledger, fx: Effects) -> list:
+def plan(ids: list, total: int, state: State, cfg: Config, batch: Batch, ledger: Ledger, fx: Effects) -> list:
     """Put every unsettled id on the schedule at the pass it reached; return
-    the ids not done at the start (the report need look at no other)."""
+    the ids not done at the start (the report need look at no other).
+    total: the run's ids, done or not."""
     now, wall = fx.clock(), fx.wallclock()
-    rest = list(filter(state.undone.__contains__, ids))  # load_state(undone=...) made it
+    rest = list(filter(state.undone.__contains__, ids))  # read_input made it
     settler = batch.settler
-    settler.counts["done"] = len(ids) - len(rest)
+    settler.counts["done"] = total - len(rest)
     ahead = False
     for item_id in rest:
         if item_id in state.unavailable and not wants_again(state.unavailable[item_id], cfg.retry_unavailable):
@@ -5281,9 +5666,8 @@ def demo_config(cfg: Config) -> tuple:
 
 def dry_run(cfg: Config, err, out) -> ExitCode:
     """--dry-run: what a run would ask, with nothing sent and nothing written."""
-    everyone = read_ids(cfg.ids_file)[0]
-    ids, _, unique, redact = read_input(cfg, err)
-    check_local_settings(cfg, ids, redact)
+    ids, _, unique, redact = whole_list(cfg, err)
+    everyone = read_ids(cfg.ids_file)[0] if cfg.shard else ids
     known = cfg.state_dir.is_dir()
     state = load_state(cfg.state_dir, repair=False, undone=unique) if known else State(undone=unique)
     record = read_run_record(cfg.state_dir) if known else None
@@ -5398,17 +5782,18 @@ class StopSignals:
 def run(cfg: Config, fx: Effects, err) -> ExitCode:
     """Load the state, run the passes, report. Raises RedriveError for setup problems."""
     started = fx.clock()
-    ids, duplicates, unique, redact = read_input(cfg, err)
-    check_local_settings(cfg, ids, redact)
+    check_ids_file(cfg.ids_file)
+    redact = Redactor(cfg.secrets + tuple(secret_query_values(cfg.request.url, cfg.request.public)))
+    check_urls(cfg, (), redact)
     check_report_path(cfg)
     prepare_state_dir(cfg.state_dir)
     with RunLock(cfg.state_dir, fx.wallclock):
         record = read_run_record(cfg.state_dir)
-        state = load_state(cfg.state_dir, undone=unique)
-        del unique
+        state = load_state(cfg.state_dir, done=False)
+        before, resumed = refresh_cutoff(cfg, record, fx.wallclock())
+        ids, total, duplicates = read_input(cfg, state, before is not None, redact, err)
         done_file = cfg.state_dir / "done.txt"
         fresh = not (done_file.exists() and done_file.stat().st_size > 0)
-        before, resumed = refresh_cutoff(cfg, record, fx.wallclock())
         note, since = settle_run_record(cfg, record, not fresh, fx.wallclock(), before)
         forget_old_verdicts(state, since)
         for line in filter(None, (note, resumed)) if not cfg.quiet else ():
@@ -5417,7 +5802,7 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
         ledger = Ledger(cfg.state_dir, cfg.fsync, fx.clock, fx.fsync)
         ledger.open()
         try:
-            rest, tally = run_passes(cfg, fx, err, ids, state, ledger, fresh, redact, (due, before))
+            rest, tally = run_passes(cfg, fx, err, (ids, total), state, ledger, fresh, redact, (due, before))
         finally:
             ledger.close()
         came_back = frozenset(i for i in state.done if i in state.unavailable and i not in state.fresh)
@@ -5431,7 +5816,7 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
             # a refresh that is over needs no line per pass of the ids it asked: each keeps its last, as elsewhere
             compact(cfg.state_dir / "failed.jsonl", only=frozenset(i for i, _ in due))
         rest += [i for i, _ in due if i in state.fresh]  # gone upstream in this refresh
-        report = build_report(len(ids), rest, duplicates, state, tally, cfg, fx.clock() - started, redact,
+        report = build_report(total, rest, duplicates, state, tally, cfg, fx.clock() - started, redact,
                               fx.wallclock(), refresh)
         return finish(report, tally, cfg, redact, err)
 
@@ -5448,9 +5833,10 @@ def refresh_view(before: Optional[str], due: int, tally: Tally, redact: Redactor
                          for r in tally.kept]}
 
 
-def read_input(cfg: Config, err) -> tuple:
-    """(ids of this run, in order (its shard's), duplicates, their set, the
-    redactor of the run's secrets); a bad URL raises, a key in the ids is warned of."""
+def whole_list(cfg: Config, err) -> tuple:
+    """(ids of this run, in order (its shard's), repeated lines, their set,
+    the redactor of the run's secrets), the list read whole; a bad URL
+    raises, a key in the ids is warned of."""
     ids, duplicates, unique = read_ids(cfg.ids_file)
     if cfg.shard:
         ids = [i for i in ids if in_shard(i, cfg.shard)]
@@ -5460,19 +5846,43 @@ def read_input(cfg: Config, err) -> tuple:
     keyed = keyed_ids_warning(ids) if cfg.request.url == "{id}" and not cfg.quiet else None
     if keyed:
         print(f"redrive: warning: {keyed}", file=err)
+    check_local_settings(cfg, ids, redact)
     return ids, duplicates, unique, redact
 
 
-def run_passes(cfg: Config, fx: Effects, err, ids: list, state: State, ledger: Ledger, fresh: bool,
+def read_input(cfg: Config, state: State, refresh: bool, redact: Redactor, err) -> tuple:
+    """(the ids a run looks at, in file order: its shard's not done, and
+    those done that a refresh asks again or that may be gone upstream; how
+    many ids the run has in all; the file's repeated lines) from the state's
+    index, brought up to date. Sets state.undone. A bad id URL raises, a key
+    in the ids is warned of."""
+    index = current_index(cfg.ids_file, cfg.state_dir, cfg.shard)
+    if index.flags.count(NO_ID) == len(index.flags):
+        raise RedriveError(f"{cfg.ids_file}: no ids in it; put one id per line ('#' lines are comments)")
+    total, duplicates = index.counts()
+    keep = (lambda item_id: True) if refresh else state.unavailable.__contains__ if state.unavailable else None
+    ids, state.undone = indexed_ids(cfg.ids_file, index, keep)
+    del index
+    check_urls(cfg, ids, redact)
+    keyed = keyed_ids_warning(ids) if cfg.request.url == "{id}" and not cfg.quiet else None
+    if keyed:
+        print(f"redrive: warning: {keyed}", file=err)
+    check_local_settings(cfg, ids, redact)
+    return ids, total, duplicates
+
+
+def run_passes(cfg: Config, fx: Effects, err, listed: tuple, state: State, ledger: Ledger, fresh: bool,
                redact: Redactor, refresh: tuple) -> tuple:
     """(the ids not done at the start, the Tally): every pass, the stop
-    signals caught. refresh: (the done ids due, with their Prior; the cut-off)."""
+    signals caught. listed: (read_input's ids, the run's number of ids);
+    refresh: (the done ids due, with their Prior; the cut-off)."""
+    ids, total = listed
     complete_lost_done(state, ledger)
     for note in state.repairs:
         print(shown_text(f"redrive: warning: {redact(note)}"), file=err)
-    progress = Progress(err, len(ids), fx.clock, cfg.quiet)
+    progress = Progress(err, total, fx.clock, cfg.quiet)
     batch = Batch(cfg, ledger, state, fx, redact, progress)
-    rest = plan(ids, state, cfg, batch, ledger, fx)
+    rest = plan(ids, total, state, cfg, batch, ledger, fx)
     new = batch.timeline.pending()
     due, before = refresh
     if before:
@@ -5484,7 +5894,7 @@ def run_passes(cfg: Config, fx: Effects, err, ids: list, state: State, ledger: L
     if cfg.guard and batch.timeline.pending() >= GUARD_MIN:
         batch.settler.guard = Guard(min(GUARD_SAMPLE, batch.timeline.pending()), fresh)
     again = f", {batch.timeline.pending() - new} to refresh (fetched before {before[:16]}Z)" if before else ""
-    progress.say(f"redrive: {len(ids)} ids, {new} to fetch{again}, state in {cfg.state_dir}")
+    progress.say(f"redrive: {total} ids, {new} to fetch{again}, state in {cfg.state_dir}")
     with StopSignals(batch):
         try:
             return rest, batch.run()

@@ -2923,7 +2923,7 @@ def _drive(serve, count, until, latency, cap, folder, options):
     state = redrive.load_state(cfg.state_dir, undone=set(ids))
     batch = redrive.Batch(cfg, ledger, state, fx, redrive.Redactor(()),
                           redrive.Progress(io.StringIO(), count, fx.clock, True))
-    redrive.plan(ids, state, cfg, batch, ledger, fx)
+    redrive.plan(ids, len(ids), state, cfg, batch, ledger, fx)
     inflight, asked, refused, sends, seq = [], Counter(), [], [], itertools.count()
     declared_at, switch = math.inf, sys.getswitchinterval()  # a paced Batch sets it; Batch.run sets it back
 
@@ -3595,7 +3595,7 @@ def planned_batch(tmp_path, ids, *extra):
     ledger.open()
     progress = redrive.Progress(io.StringIO(), len(ids), fake.clock, True)
     batch = redrive.Batch(cfg, ledger, state, fake.effects(), redrive.Redactor(()), progress)
-    redrive.plan(ids, state, cfg, batch, ledger, fake.effects())
+    redrive.plan(ids, len(ids), state, cfg, batch, ledger, fake.effects())
     return batch, ledger, fake
 
 
