@@ -87,6 +87,7 @@ if __name__ == "__main__":  # a Ctrl+C while the imports load (requests takes a 
                                                               "rerun the same command\n"), sys.exit(130)))
 
 import argparse
+import array
 import base64
 import codecs
 import contextlib
@@ -2257,7 +2258,10 @@ PENDING, DONE, REPEAT, NO_ID, OTHER_SHARD = range(5)
 INDEX_FILE, SCRATCH_PREFIX = "done.index", ".index-"
 
 #: Bytes of the ids file per part of a rebuild: one part's ids are in memory at a time.
-INDEX_PART = 4 << 20
+INDEX_PART = 1 << 20
+
+#: Lines a rebuild holds before it writes them out to its parts' files.
+SPILL_LINES = 200_000
 
 #: Lines added to the ids file or to done.txt since the index that are merged
 #: into it in memory; past that, it is rebuilt part by part on disk.
@@ -2521,12 +2525,14 @@ def built_index(ids_file: Path, state_dir: Path, shard: Optional[tuple], done_to
 
 class Parts:
     """The ids file's id lines and done.txt's ids, split into parts by the
-    id's hash: in memory for one part, else in files of a scratch dir in the
-    state dir, removed on the way out (and by the next run, after a kill)."""
+    id's hash: kept in memory when there is one part, else spilled to files
+    of a scratch dir in the state dir, removed on the way out (and by the
+    next run, after a kill)."""
 
     def __init__(self, state_dir: Path, count: int):
-        self.state_dir, self.count, self.dir = state_dir, count, None
-        self.lines, self.done = [[] for _ in range(count)], [[] for _ in range(count)]
+        self.state_dir, self.count, self.dir, self.held = state_dir, count, None, 0
+        self.ids, self.numbers = [[] for _ in range(count)], [array.array("q") for _ in range(count)]
+        self.done = [[] for _ in range(count)]
 
     def __enter__(self):
         if self.count > 1:
@@ -2540,26 +2546,33 @@ class Parts:
     def add_lines(self, line: int, ids: list) -> None:
         for n, item_id in enumerate(ids, line):
             if item_id:
-                self.lines[hash(item_id) % self.count].append(f"{n}\t{item_id}\n")
-        self._spill(self.lines, "lines")
+                k = hash(item_id) % self.count
+                self.ids[k].append(item_id)
+                self.numbers[k].append(n)
+        self.held += len(ids)
+        self._spill()
 
     def add_done(self, ids: list) -> None:
         for item_id in ids:
-            self.done[hash(item_id) % self.count].append(item_id + "\n")
-        self._spill(self.done, "done")
+            self.done[hash(item_id) % self.count].append(item_id)
+        self.held += len(ids)
+        self._spill()
 
-    def _spill(self, parts: list, kind: str) -> None:
-        if self.dir is None:
+    def _spill(self, now: bool = False) -> None:
+        if self.dir is None or (self.held < SPILL_LINES and not now):
             return
-        for k, part in enumerate(parts):
-            if part:
-                with open(self.dir / f"{kind}.{k}", "ab") as fh:
-                    fh.write("".join(part).encode("utf-8"))
-                part.clear()
+        for k in range(self.count):
+            if self.ids[k]:
+                with open(self.dir / f"lines.{k}", "ab") as fh:
+                    fh.write("".join(f"{n}\t{i}\n" for n, i in zip(self.numbers[k], self.ids[k])).encode("utf-8"))
+                self.ids[k], self.numbers[k] = [], array.array("q")
+            if self.done[k]:
+                with open(self.dir / f"done.{k}", "ab") as fh:
+                    fh.write(("\n".join(self.done[k]) + "\n").encode("utf-8"))
+                self.done[k] = []
+        self.held = 0
 
-    def _read(self, parts: list, kind: str, k: int) -> list:
-        if self.dir is None:
-            return parts[k]
+    def _read(self, kind: str, k: int) -> list:
         try:
             return (self.dir / f"{kind}.{k}").read_bytes().decode("utf-8").split("\n")[:-1]
         except FileNotFoundError:
@@ -2567,10 +2580,13 @@ class Parts:
 
     def __iter__(self):
         """Per part: (its (line number, id) pairs in line order, the set of its done ids)."""
+        if self.dir is None:
+            yield zip(self.numbers[0], self.ids[0]), set(self.done[0])
+            return
+        self._spill(now=True)
         for k in range(self.count):
-            numbered = ((int(n), item_id) for n, _, item_id in
-                        (entry.rstrip("\n").partition("\t") for entry in self._read(self.lines, "lines", k)))
-            yield numbered, set(i.rstrip("\n") for i in self._read(self.done, "done", k))
+            done = set(self._read("done", k))
+            yield ((int(n), i) for n, _, i in (entry.partition("\t") for entry in self._read("lines", k))), done
 
 
 class StopWhileIndexing:

@@ -5168,3 +5168,188 @@ def test_class_a_declared_quota_the_answers_contradict_is_not_believed():
     run = drive(Liar(), 500, until=600)
     assert len(run["ended"]) == 500 and run["refused"] == 0
     assert run["end"] < 120  # not 1 request a minute: 500 ids would take 8 hours
+
+
+# ------------------------------------------------- the state's index at scale
+#
+# The class: done.index is derived from the ids file and done.txt, so any
+# change to either (where, how big, how the bytes are spelled), and any kill
+# while it is written, must leave a run asking exactly the ids the ledgers say
+# are left: never a done id again, never a new id skipped.
+
+
+def ids_text(ids, end="\n"):
+    return "".join(f"{i}{end}" for i in ids)
+
+
+def asked_ids(server):
+    return [unquote(path.split("?")[0].split("/items/")[-1]) for path in server.paths]
+
+
+LONG = "x" * 200  #: two ids that differ only in a byte late in the line
+
+
+@pytest.mark.parametrize("before, after, asked", [
+    (ids_text(["a", "b", "c"]), ids_text(["a", "b", "c", "d", "e"]), ["d", "e"]),  # appended
+    (ids_text(["a", "b", "c", "d"]), ids_text(["a", "n1", "d", "n2"]), ["n1", "n2"]),  # edited in the middle
+    (ids_text(["aa", "bb", "cc"]), ids_text(["aa", "zz", "cc"]), ["zz"]),  # in place, the same size
+    ("a\nb\nc", "a\nb\ncd\n", ["cd"]),  # a last line with no LF, grown
+    (ids_text([LONG + "1", "b"]), ids_text([LONG + "1", "b", LONG + "2"]), [LONG + "2"]),  # a late byte
+    (ids_text(["a", "b"]), "\ufeff" + ids_text(["a", "b", "c"], "\r\n"), ["c"]),  # the same ids, new bytes
+    (ids_text(["a", "b"]), ids_text(["a", "b", "a", "  b ", "c", "c"]), ["c"]),  # repeats of old and new ids
+    (ids_text(["a", "b", "c"]), ids_text(["c", "b", "a"]), []),  # reordered
+], ids=["appended", "middle", "in place same size", "grown last line", "late byte", "BOM and CRLF",
+        "repeats", "reordered"])
+def test_class_the_index_follows_every_change_to_the_ids_file(server, tmp_path, before, after, asked):
+    ids_file = tmp_path / "ids.txt"
+    ids_file.write_bytes(before.encode("utf-8"))
+    argv = [ids_file, "--url", server.template, "--concurrency", "1"]
+    assert run_cli(argv)[0] == ExitCode.OK
+    first = asked_ids(server)
+    assert (tmp_path / "ids.redrive" / "done.index").is_file()
+    server.paths.clear()
+    ids_file.write_bytes(after.encode("utf-8"))
+    code, err, _ = run_cli(argv)
+    assert code == ExitCode.OK, err
+    assert asked_ids(server) == asked  # the new ids, in file order, and nothing done before
+    assert len(first) == len(set(first))
+    out = io.StringIO()
+    assert redrive.main([str(ids_file), "--export", "jsonl"], out=out) == ExitCode.OK
+    assert [json.loads(line)["id"] for line in out.getvalue().splitlines()] == \
+        list(dict.fromkeys(i.strip() for i in after.lstrip("\ufeff").split()))  # every id, in file order
+
+
+def test_class_the_index_follows_every_change_to_done_txt(server, tmp_path):
+    """done.txt moved away, cut short, or written by another tool: the index is
+    no truth of its own, and a run asks what done.txt no longer lists."""
+    ids = [f"d{n}" for n in range(6)]
+    argv = [write_ids(tmp_path, ids), "--url", server.template, "--concurrency", "1"]
+    sdir = tmp_path / "ids.redrive"
+    assert run_cli(argv)[0] == ExitCode.OK
+    done = (sdir / "done.txt").read_text()
+    (sdir / "done.txt").write_text(done.replace("d2\n", "").replace("d4\n", ""))  # two ids taken out
+    server.paths.clear()
+    assert run_cli(argv)[0] == ExitCode.OK and asked_ids(server) == ["d2", "d4"]
+    (sdir / "done.txt").unlink()  # moved away with the results: every id again
+    (sdir / "results.jsonl").unlink()
+    server.paths.clear()
+    assert run_cli(argv)[0] == ExitCode.OK and asked_ids(server) == ids
+    with open(sdir / "done.txt", "w") as fh:  # the same size, other ids (not listed): an edit in place
+        fh.write(ids_text([f"e{n}" for n in range(5)] + ["d5"]))
+    server.paths.clear()
+    assert run_cli(argv)[0] == ExitCode.OK and asked_ids(server) == ids[:5]
+
+
+@pytest.mark.parametrize("damage", ["torn", "garbage", "flag out of range", "scratch of a killed rebuild"])
+def test_class_a_damaged_index_is_rebuilt_from_the_ledgers(server, tmp_path, damage):
+    ids = [f"g{n}" for n in range(8)]
+    argv = [write_ids(tmp_path, ids), "--url", server.template, "--concurrency", "1"]
+    sdir = tmp_path / "ids.redrive"
+    assert run_cli(argv, environ={})[0] == ExitCode.OK
+    with open(write_ids(tmp_path, ids + ["g8", "g9"]), "a"):
+        pass
+    index = sdir / "done.index"
+    data = index.read_bytes()
+    if damage == "torn":
+        index.write_bytes(data[:-3])
+    elif damage == "garbage":
+        index.write_bytes(b"\x00" * len(data))
+    elif damage == "flag out of range":
+        index.write_bytes(data[:-1] + b"\x07")
+    else:
+        scratch = sdir / ".index-killed"
+        scratch.mkdir()
+        (scratch / "lines.0").write_text("0\tg0\n")
+    server.paths.clear()
+    code, err, _ = run_cli(argv)
+    assert code == ExitCode.OK, err
+    assert asked_ids(server) == ["g8", "g9"]
+    assert not list(sdir.glob(".index-*"))
+
+
+def big_state(tmp_path, count, left):
+    """An ids file of `count` long ids and a state dir whose done.txt lists all but the last `left`
+    (as an earlier release leaves it: no done.index), big enough for a rebuild in parts."""
+    ids_file = tmp_path / "ids.txt"
+    ids = [f"item-{n:09d}-{'p' * 12}" for n in range(count)]
+    ids_file.write_text(ids_text(ids))
+    sdir = tmp_path / "ids.redrive"
+    sdir.mkdir()
+    (sdir / "done.txt").write_text(ids_text(ids[:-left]))
+    (sdir / "results.jsonl").write_text("".join(
+        f'{{"id":"{i}","url":"u","status":200,"fetched_at":"2026-12-01T00:00:00Z","body":{{}}}}\n'
+        for i in ids[:-left]))
+    assert ids_file.stat().st_size > 2 * redrive.INDEX_PART  # the rebuild splits it into parts on disk
+    return ids_file, sdir, ids
+
+
+def test_state_of_an_earlier_release_at_scale_is_indexed_in_parts_and_asks_only_what_is_left(server, tmp_path):
+    ids_file, sdir, ids = big_state(tmp_path, 120_000, 7)
+    argv = [ids_file, "--url", server.template, "--concurrency", "1"]
+    code, err, _ = run_cli(argv)
+    assert code == ExitCode.OK, err
+    assert asked_ids(server) == ids[-7:]
+    assert not list(sdir.glob(".index-*"))
+    with open(ids_file, "a") as fh:  # the next night: ids appended, one a repeat of a done one
+        fh.write(ids_text(["late-1", ids[5], "late-2"]))
+    server.paths.clear()
+    code, err, _ = run_cli(argv)
+    assert code == ExitCode.OK and asked_ids(server) == ["late-1", "late-2"]
+    assert json.loads((sdir / "report.json").read_text())["counts"]["duplicates"] == 1
+
+
+@pytest.mark.parametrize("how", ["kill -9", "SIGTERM"])
+def test_a_run_stopped_while_it_builds_the_index_loses_nothing_and_leaves_no_scratch(server, tmp_path, how):
+    ids_file, sdir, ids = big_state(tmp_path, 120_000, 5)
+    cmd = redrive_cmd(ids_file, "--url", server.template, "--concurrency", "1")
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    wait_until(lambda: list(sdir.glob(".index-*")) or proc.poll() is not None, "no rebuild was seen", 60)
+    proc.send_signal(signal.SIGKILL if how == "kill -9" else signal.SIGTERM)
+    proc.wait(timeout=30)
+    err = proc.stderr.read()
+    if how == "SIGTERM":  # caught while building (or, on a fast machine, just after): 143, one line
+        assert proc.returncode in (ExitCode.TERMINATED, ExitCode.OK), err
+        assert "Traceback" not in err and not list(sdir.glob(".index-*"))  # removed on the way out
+    stopped = state(tmp_path, "done.txt")
+    assert len(stopped) == len(set(stopped)) and stopped[:len(ids) - 5] == ids[:-5]  # nothing lost or rewritten
+    code, err, _ = run_cli([ids_file, "--url", server.template, "--concurrency", "1"])
+    assert code == ExitCode.OK, err
+    listed = set(stopped)
+    left = [i for i in ids if i not in listed]
+    assert asked_ids(server)[len(asked_ids(server)) - len(left):] == left  # the rerun asks what is left, in order
+    assert len(asked_ids(server)) == 5  # each id asked once, over both runs
+    assert not list(sdir.glob(".index-*")) and sorted(state(tmp_path, "done.txt")) == sorted(ids)
+
+
+LINES = st.sampled_from(["a", "b", "c", "é", "  d ", "#c", "", "x\ty", LONG + "1", LONG + "2"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(first=st.lists(LINES, min_size=1, max_size=12), edits=st.lists(st.tuples(
+    st.lists(LINES, max_size=6), st.integers(0, 12), st.integers(0, 3), st.lists(LINES, max_size=4),
+    st.sampled_from(["\n", "\r\n", "\r"]), st.booleans()), min_size=1, max_size=4),
+    shard=st.sampled_from([None, (1, 2)]))
+def test_the_index_says_what_the_ledgers_say_after_any_edits(tmp_path_factory, first, edits, shard):
+    """Against the whole-list reader (the list and done.txt read whole, as a
+    dry run does): after any run of edits to the ids file and done.txt, the
+    index leaves the same ids, in the same order, with the same counts."""
+    folder = tmp_path_factory.mktemp("index")
+    ids_file, sdir = folder / "ids.txt", folder / "ids.redrive"
+    sdir.mkdir()
+    lines = list(first)
+    for added, at, removed, done, end, last_lf in edits:
+        lines[at:at + removed] = added
+        text = end.join(lines) + (end if last_lf else "")
+        ids_file.write_bytes(text.encode("utf-8"))
+        with open(sdir / "done.txt", "a", encoding="utf-8") as fh:
+            fh.write("".join(f"{d.strip() or 'q'}\n" for d in done))
+        try:
+            ids, duplicates, unique = redrive.read_ids(ids_file)
+        except redrive.RedriveError:
+            continue  # no ids at all
+        ids = [i for i in ids if shard is None or redrive.in_shard(i, shard)]
+        left = set(ids)
+        redrive.cut_done(sdir / "done.txt", left)
+        index = redrive.current_index(ids_file, sdir, shard)
+        assert index.counts() == (len(ids), duplicates)
+        assert redrive.indexed_ids(ids_file, index)[0] == [i for i in ids if i in left]
