@@ -2260,7 +2260,7 @@ INDEX_FILE, SCRATCH_PREFIX = "done.index", ".index-"
 #: Bytes of the ids file per part of a rebuild: one part's ids are in memory at a time.
 INDEX_PART = 1 << 20
 
-#: Lines a rebuild holds before it writes them out to its parts' files.
+#: Lines a rebuild holds (at least 256 a part) before it writes them out to its parts' files.
 SPILL_LINES = 200_000
 
 #: Lines added to the ids file or to done.txt since the index that are merged
@@ -2559,7 +2559,7 @@ class Parts:
         self._spill()
 
     def _spill(self, now: bool = False) -> None:
-        if self.dir is None or (self.held < SPILL_LINES and not now):
+        if self.dir is None or (self.held < max(SPILL_LINES, 256 * self.count) and not now):  # few opens a part
             return
         for k in range(self.count):
             if self.ids[k]:
