@@ -2589,27 +2589,6 @@ class Parts:
             yield ((int(n), i) for n, _, i in (entry.partition("\t") for entry in self._read("lines", k))), done
 
 
-class StopWhileIndexing:
-    """Ctrl+C, SIGTERM or SIGHUP while the index is rebuilt: stop with the
-    signal's exit code, the scratch files removed, nothing else touched."""
-
-    def handle(self, signum, frame):
-        stop = StopSignals.STOPS[signum]
-        raise RedriveError(f"{stop.value} while the state's index was built; nothing was sent: rerun to resume",
-                           stop.code)
-
-    def __enter__(self):
-        self.saved = {}
-        if threading.current_thread() is threading.main_thread():
-            for signum in StopSignals.STOPS:
-                self.saved[signum] = signal.signal(signum, self.handle)
-        return self
-
-    def __exit__(self, *exc):
-        for signum, handler in self.saved.items():
-            signal.signal(signum, handler)
-
-
 def indexed_ids(ids_file: Path, index: Index, keep: Optional[Callable[[str], bool]] = None) -> tuple:
     """(the ids of the index's PENDING lines, and of its DONE lines that keep
     takes, in file order; the set of the PENDING ones). A block with none of
@@ -5794,6 +5773,18 @@ class StopSignals:
         for signum, handler in self.saved.items():
             signal.signal(signum, handler)
 
+
+class StopWhileIndexing(StopSignals):
+    """Ctrl+C, SIGTERM or SIGHUP while the state's index is rebuilt: stop
+    with the signal's exit code, the scratch files removed on the way out."""
+
+    def __init__(self):
+        self.saved = {}
+
+    def handle(self, signum, frame):
+        stop = self.STOPS[signum]
+        raise RedriveError(f"{stop.value} while the state's index was built; nothing was sent: rerun to resume",
+                           stop.code)
 
 def run(cfg: Config, fx: Effects, err) -> ExitCode:
     """Load the state, run the passes, report. Raises RedriveError for setup problems."""
