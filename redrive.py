@@ -1703,21 +1703,8 @@ def read_ids(path: Path) -> tuple:
         raise RedriveError(f"{path}: cannot read it ({exc.strerror}); check the path and its permissions") from None
     if data.startswith(codecs.BOM_UTF8):
         data = data[len(codecs.BOM_UTF8):]
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise RedriveError(f"{path} line {line}: not valid UTF-8; save the file as UTF-8") from None
+    lines = [i for i in block_ids(path, data, 0) if i]
     del data
-    if "\r" in text:  # CRLF, and CR alone (old Mac files): each ends a line
-        text = text.replace("\r\n", "\n").replace("\r", "\n")
-    plain = text.isascii() and not any(c in text for c in "\v\f\x1c\x1d\x1e")  # the common case: no search
-    lines = id_lines(text)
-    del text
-    odd = None if plain else next((i for i in lines if LINE_BREAKS.search(i)), None)
-    if odd is not None:
-        raise RedriveError(f"{path} line {line_of(path, odd)}: an id holds a line break that is not LF or CR "
-                           f"({shown_text(LINE_BREAKS.search(odd).group())}); put one id per line")
     unique = set(lines)
     if not unique:
         raise RedriveError(f"{path}: no ids in it; put one id per line ('#' lines are comments)")
@@ -1733,12 +1720,12 @@ STRIPPED = " \t\r\v\f\x1c\x1d\x1e\x1f#"
 
 
 def id_lines(text: str) -> list:
-    """The ids in text: lines stripped, blank and '#' lines left out. A
+    """Each line of text as its id: stripped, '' for a blank or '#' line. A
     million-line file of plain ids (the common case) skips the per-line strip."""
     lines = text.split("\n")
     if text.isascii() and not any(c in text for c in STRIPPED):
-        return [line for line in lines if line]
-    return [line for line in map(str.strip, lines) if line and line[0] != "#"]
+        return lines
+    return [line if line[:1] != "#" else "" for line in map(str.strip, lines)]
 
 
 def line_of(path: Path, item_id: str) -> int:
@@ -2232,13 +2219,9 @@ def cut_done(path: Path, ids: set) -> None:
 def done_lines(path: Path) -> Iterable[list]:
     """done.txt's complete lines, a block at a time: a million of them never
     sit in memory as strings all at once."""
-    tail = b""
     with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(READ_CHUNK * 16), b""):
-            block = tail + block
-            cut = block.rfind(b"\n") + 1  # a UTF-8 character never spans a newline
-            tail = block[cut:]
-            yield block[:cut].decode("utf-8").split("\n")[:-1]
+        end = _last_newline(fh, fh.seek(0, os.SEEK_END)) + 1
+    yield from done_between(path, 0, end)
 
 
 # ------------------------------------------------------------ the state's index
@@ -2327,7 +2310,9 @@ def id_blocks(path: Path, start: int = 0, line: int = 0, wanted: Optional[Callab
 
 
 def block_ids(path: Path, data: bytes, line: int) -> list:
-    """The lines of one block of the ids file (see id_blocks)."""
+    """The lines of one block of the ids file (see id_blocks), the first
+    numbered `line` (from 0); a one-line error for bytes that are no UTF-8
+    or an id holding a line break."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -2335,10 +2320,7 @@ def block_ids(path: Path, data: bytes, line: int) -> list:
         raise RedriveError(f"{path} line {number}: not valid UTF-8; save the file as UTF-8") from None
     if "\r" in text:  # CRLF, and CR alone (old Mac files): each ends a line
         text = text.replace("\r\n", "\n").replace("\r", "\n")
-    lines = text.split("\n")
-    if text.isascii() and not any(c in text for c in STRIPPED):
-        return lines
-    ids = [i if i[:1] != "#" else "" for i in map(str.strip, lines)]
+    ids = id_lines(text)
     plain = text.isascii() and not any(c in text for c in "\v\f\x1c\x1d\x1e")  # no search needed
     odd = None if plain else next((i for i in ids if LINE_BREAKS.search(i)), None)
     if odd is not None:
@@ -5786,6 +5768,7 @@ class StopWhileIndexing(StopSignals):
         raise RedriveError(f"{stop.value} while the state's index was built; nothing was sent: rerun to resume",
                            stop.code)
 
+
 def run(cfg: Config, fx: Effects, err) -> ExitCode:
     """Load the state, run the passes, report. Raises RedriveError for setup problems."""
     started = fx.clock()
@@ -5849,12 +5832,18 @@ def whole_list(cfg: Config, err) -> tuple:
         ids = [i for i in ids if in_shard(i, cfg.shard)]
         unique = set(ids)
     redact = Redactor(cfg.secrets + tuple(secret_query_values(cfg.request.url, cfg.request.public)))
+    check_listed(cfg, ids, redact, err)
+    return ids, duplicates, unique, redact
+
+
+def check_listed(cfg: Config, ids: list, redact: Redactor, err) -> None:
+    """Before anything is sent: a bad URL among the ids, or a local setting
+    that cannot work for them, raises; a key in the ids is warned of."""
     check_urls(cfg, ids, redact)
     keyed = keyed_ids_warning(ids) if cfg.request.url == "{id}" and not cfg.quiet else None
     if keyed:
         print(f"redrive: warning: {keyed}", file=err)
     check_local_settings(cfg, ids, redact)
-    return ids, duplicates, unique, redact
 
 
 def read_input(cfg: Config, state: State, refresh: bool, redact: Redactor, err) -> tuple:
@@ -5870,11 +5859,7 @@ def read_input(cfg: Config, state: State, refresh: bool, redact: Redactor, err) 
     keep = (lambda item_id: True) if refresh else state.unavailable.__contains__ if state.unavailable else None
     ids, state.undone = indexed_ids(cfg.ids_file, index, keep)
     del index
-    check_urls(cfg, ids, redact)
-    keyed = keyed_ids_warning(ids) if cfg.request.url == "{id}" and not cfg.quiet else None
-    if keyed:
-        print(f"redrive: warning: {keyed}", file=err)
-    check_local_settings(cfg, ids, redact)
+    check_listed(cfg, ids, redact, err)
     return ids, total, duplicates
 
 
