@@ -107,6 +107,7 @@ import ipaddress
 import itertools
 import json
 import math
+import mmap
 import os
 import queue
 import random
@@ -525,6 +526,7 @@ class Item:
     id: str
     pass_no: int = 1
     tries: int = 0
+    line: int = -1  #: its line in the ids file (from 0), where the run's index has it (-1: a refresh's)
     host: str = ""  #: the origin it is sent to: throttles and caps are per host
     sent: float = -1.0  #: when its last request started (-1: never, in this pass)
     order: int = 0  #: its last request's place among the run's requests (see Guard)
@@ -1033,11 +1035,14 @@ def duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
-def keyed_ids_warning(ids: list) -> Optional[str]:
-    """A warning when URL-list ids carry a key in their query: the ledgers
-    keep ids as given (a rerun matches them against the ids file), so the
-    key is in done.txt and the other ledgers; outputs hide it."""
-    keyed = sum(1 for item_id in ids if "?" in item_id and KEY_PARAM.search(item_id))
+def key_in_query(item_id: str) -> bool:
+    return "?" in item_id and bool(KEY_PARAM.search(item_id))
+
+
+def keyed_ids_warning(keyed: int) -> Optional[str]:
+    """A warning when `keyed` URL-list ids carry a key in their query: the
+    ledgers keep ids as given (a rerun matches them against the ids file),
+    so the key is in done.txt and the other ledgers; outputs hide it."""
     if not keyed:
         return None
     return (f"{keyed} {'ids carry' if keyed != 1 else 'id carries'} a key-like query parameter: the state files keep ids "
@@ -1736,9 +1741,10 @@ def line_of(path: Path, item_id: str) -> int:
     return 0
 
 
-def check_urls(cfg: Config, ids: list, redact: Redactor) -> None:
+def check_urls(cfg: Config, ids: Iterable[str], redact: Redactor) -> int:
     """Refuse a template without {id}, or with {id} where no id can go (the
-    port, the scheme), or an id that is not an http(s) URL."""
+    port, the scheme), or an id that is not an http(s) URL. Returns how many
+    ids (of a list of URLs) carry a key-like query parameter."""
     shown = redact(kept_url(cfg.request.url_spec, cfg.request.public))
     if "{id}" not in cfg.request.url:
         raise RedriveError(f"--url {shown!r} has no {{id}}; put {{id}} where the id goes")
@@ -1748,8 +1754,10 @@ def check_urls(cfg: Config, ids: list, redact: Redactor) -> None:
             raise RedriveError(f"--url {shown!r} is not an http(s) URL; start it with https://")
         if problem:
             raise RedriveError(f"--url {shown!r} {problem}; put {{id}} in the path or the query, never in the port")
-        return
+        return 0
+    keyed = 0
     for item_id in ids:
+        keyed += key_in_query(item_id)
         problem = url_problem(item_id)
         if problem:
             shards = sorted(cfg.ids_file.parent.glob(f"{glob.escape(cfg.ids_file.stem)}.shard-*-of-*.redrive"))
@@ -1757,6 +1765,7 @@ def check_urls(cfg: Config, ids: list, redact: Redactor) -> None:
             raise RedriveError(
                 f"{cfg.ids_file} line {line_of(cfg.ids_file, item_id)}: {shown_text(redact(redact_url(item_id))[:80])!r} "
                 f"{problem}; list full URLs, or give --url TEMPLATE with {{id}}{hint}")
+    return keyed
 
 
 #: Proxy URL schemes requests can use; socks ones need PySocks.
@@ -1900,6 +1909,7 @@ class State:
     fresh: set = field(default_factory=set)  #: ids this run moved to unavailable: news for a person
     repeated: set = field(default_factory=set)  #: of those, ids unavailable before for the same reason: no news
     gone: set = field(default_factory=set)  #: ids done.txt lists that a refresh found removed upstream
+    lines: Optional[bytearray] = None  #: a run's index flags: an id's line is DONE once it is done in this run
 
 
 class Ledger:
@@ -1920,6 +1930,8 @@ class Ledger:
         self.synced_at = clock()
 
     def open(self) -> None:
+        if self.fds:
+            return
         for name in STATE_FILES:
             path = self.dir / name
             try:
@@ -2236,6 +2248,10 @@ def done_lines(path: Path) -> Iterable[list]:
 #: A line's flag in the index: an id to do, done, a repeat of an earlier line,
 #: a blank or '#' line, an id of another shard.
 PENDING, DONE, REPEAT, NO_ID, OTHER_SHARD = range(5)
+
+#: A run's own flag, in memory only: a PENDING line whose id the run has taken
+#: in hand (on the schedule, or settled before it as unavailable).
+FED = OTHER_SHARD + 1
 
 #: The index file, and the prefix of the scratch dirs a rebuild makes in the state dir.
 INDEX_FILE, SCRATCH_PREFIX = "done.index", ".index-"
@@ -2571,58 +2587,87 @@ class Parts:
             yield ((int(n), i) for n, _, i in (entry.partition("\t") for entry in self._read("lines", k))), done
 
 
-def indexed_ids(ids_file: Path, index: Index, keep: Optional[Callable[[str], bool]] = None) -> tuple:
-    """(the ids of the index's PENDING lines, and of its DONE lines that keep
-    takes, in file order; the set of the PENDING ones). A block with none of
-    them is not decoded."""
-    flags = index.flags
-    if keep is None:
-        wanted = lambda first, end: flags.find(PENDING, first, end) >= 0
+@dataclass
+class Listing:
+    """The ids file as a run sees it through its index. flags: the index's,
+    in memory, which the run changes as it goes (FED, DONE; never written
+    back). marked: (line, id) of the lines a run must look at before it
+    starts, in file order: PENDING ids with a failed or unavailable record,
+    and DONE ids a refresh asks again or that have an unavailable record.
+    The rest of the PENDING ids are read as they are wanted (Feed)."""
+
+    ids_file: Path
+    flags: bytearray
+    total: int  #: ids of this run, done or not
+    duplicates: int  #: repeated lines
+    marked: list
+
+    def pending(self) -> int:
+        return self.flags.count(PENDING)
+
+    def lines(self, flags: bytes) -> Iterable[tuple]:
+        """(line, id) of the lines whose flag is one of `flags`, in file
+        order; a block with none of them is not decoded."""
+        table = self.flags
+        wanted = lambda first, end: any(table.find(f, first, end) >= 0 for f in flags)
+        for line, ids, _, _ in id_blocks(self.ids_file, 0, 0, wanted):
+            for n, item_id in enumerate(ids or (), line):
+                if table[n] in flags:
+                    yield n, item_id
+
+
+def listing_of(ids_file: Path, index: Index, state: State, refresh: bool) -> Listing:
+    """The run's Listing from the index: the lines it must look at before it
+    starts are found in one pass over the file, made only when some id has
+    a record (or for a refresh); a first run over new ids makes none."""
+    total, duplicates = index.counts()
+    listing = Listing(ids_file, index.flags, total, duplicates, [])
+    recorded = lambda item_id: item_id in state.failed or item_id in state.unavailable
+    if refresh or state.unavailable:
+        wanted, keep = (PENDING, DONE), (lambda item_id: True) if refresh else state.unavailable.__contains__
+    elif state.failed:
+        wanted, keep = (PENDING,), None
     else:
-        wanted = lambda first, end: flags.find(PENDING, first, end) >= 0 or flags.find(DONE, first, end) >= 0
-    chosen, pending = [], set()
-    for line, ids, _, _ in id_blocks(ids_file, 0, 0, wanted):
-        for n, item_id in enumerate(ids or (), line):
-            if flags[n] == PENDING:
-                chosen.append(item_id)
-                pending.add(item_id)
-            elif keep and flags[n] == DONE and keep(item_id):
-                chosen.append(item_id)
-    return chosen, pending
+        return listing
+    flags = listing.flags
+    listing.marked = [(n, i) for n, i in listing.lines(wanted) if (recorded(i) if flags[n] == PENDING else keep(i))]
+    return listing
 
 
-def take_back_gone(state: State, ids: list, state_dir: Path, before: Optional[str]) -> list:
+def take_back_gone(state: State, listing: "Listing", state_dir: Path, before: Optional[str]) -> list:
     """Done ids whose unavailable record is newer than their last result
     were found removed upstream by a refresh: they go back among the ids not
-    done (state.undone; state.gone). Returns the refresh's (id, Prior) due
-    before `before` (none without a refresh). Only then, or when some done
-    id has an unavailable record, is results.jsonl read."""
-    candidates = [i for i in state.unavailable if i not in state.undone]  # done, or not in the input
-    done = [i for i in ids if i not in state.undone] if before else []
-    wanted = set(done) if before else set(candidates)
+    done (their lines PENDING again; state.gone). Returns the refresh's (id,
+    Prior) due before `before` (none without a refresh). Only then, or when
+    some done id has an unavailable record, is results.jsonl read."""
+    done = [(n, i) for n, i in listing.marked if listing.flags[n] == DONE]
+    candidates = [(n, i) for n, i in done if i in state.unavailable]
+    wanted = {i for _, i in done} if before else {i for _, i in candidates}
     heads = result_heads(state_dir / "results.jsonl", wanted) if wanted else {}
-    state.gone = gone_upstream(candidates, state.unavailable, heads)
-    state.undone |= state.gone
+    state.gone = gone_upstream([i for _, i in candidates], state.unavailable, heads)
+    for n, item_id in candidates:
+        if item_id in state.gone:
+            listing.flags[n] = PENDING
     if not before:
         return []
     refreshed = latest_records(state_dir / "refreshed.jsonl")
-    return refresh_due([i for i in done if i not in state.gone], heads, refreshed, before)
+    return refresh_due([i for _, i in done if i not in state.gone], heads, refreshed, before)
 
 
 def listed_done(state_dir: Path, item_id: str) -> bool:
-    """Does done.txt list item_id? One pass over it."""
-    return bool(read_done(state_dir, lambda path: any(item_id in lines for lines in done_lines(path))))
-
-
-def unlisted(state: State, ledger: Ledger, item_id: str) -> bool:
-    """Is item_id missing from done.txt? A run's state.undone holds the input
-    ids with no done line (and those gone upstream, which have one); any
-    other id is looked for in done.txt."""
-    if state.undone is None:
-        return item_id not in state.done
-    if item_id in state.undone and item_id not in state.gone:
-        return True
-    return not listed_done(ledger.dir, item_id)
+    """Does done.txt list item_id? One search of its bytes; where it does
+    not, the file is read whole once to be sure it is redrive's (a one-line
+    error if not), as it is about to be written to."""
+    def search(path: Path) -> bool:
+        with open(path, "rb") as fh:
+            if not os.fstat(fh.fileno()).st_size:
+                return False
+            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                line = item_id.encode("utf-8") + b"\n"
+                if data[:len(line)] == line or data.find(b"\n" + line) >= 0:
+                    return True
+        return any(item_id in lines for lines in done_lines(path))
+    return bool(read_done(state_dir, search))
 
 
 def complete_lost_done(state: State, ledger: Ledger) -> None:
@@ -2639,11 +2684,9 @@ def complete_lost_done(state: State, ledger: Ledger) -> None:
         raise RedriveError(f"{ledger.dir / 'results.jsonl'}: last line is not a redrive record; move the file away")
     item_id = record["id"]
     done_tail = last_line(ledger.dir / "done.txt")
-    if (done_tail is None or done_tail.decode("utf-8", "replace") != item_id) and unlisted(state, ledger, item_id):
+    if (done_tail is None or done_tail.decode("utf-8", "replace") != item_id) and not listed_done(ledger.dir, item_id):
+        ledger.open()
         ledger.append("done.txt", item_id)
-        state.done.add(item_id)
-        if state.undone is not None:
-            state.undone.discard(item_id)
         state.repairs.append(f"done.txt: added {shown_id(item_id)!r}, whose result was stored just before a kill")
 
 
@@ -3730,6 +3773,41 @@ class Tally:
             self.stop = why
 
 
+#: Untried ids of pass one a run holds on its schedule: it reads on in the
+#: ids file when fewer are left. With hosts in the ids (a list of URLs) and
+#: none of those held open, it reads further, up to LOOKAHEAD_MOST.
+LOOKAHEAD, LOOKAHEAD_MOST = 10_000, 1_000_000
+
+
+class Feed:
+    """Pass one's untried ids, read from the ids file as the schedule wants
+    them: the PENDING lines of the run's index in file order, each FED as it
+    is read. Only the block of the file being read is held."""
+
+    def __init__(self, listing: Listing):
+        flags = self.flags = listing.flags
+        self.left = listing.pending()
+        self.blocks = id_blocks(listing.ids_file, 0, 0, lambda first, end: flags.find(PENDING, first, end) >= 0)
+        self.first, self.ids, self.at = 0, [], 0  #: the block being read: its first line, its lines, the next
+
+    def take(self, count: int) -> list:
+        """Up to `count` (line, id) of the next untried ids."""
+        taken, flags = [], self.flags
+        while len(taken) < count and self.left:
+            n = flags.find(PENDING, self.first + self.at, self.first + len(self.ids))
+            if n < 0:
+                block = next(self.blocks, None)
+                if block is None:
+                    self.left = 0  # the file was cut short since the index: what is left is not there
+                    break
+                self.first, self.ids, self.at = block[0], block[1] or [], 0
+                continue
+            flags[n], self.at = FED, n - self.first + 1
+            taken.append((n, self.ids[n - self.first]))
+            self.left -= 1
+        return taken
+
+
 class Schedule:
     """The run's timeline, with no threads and no clock of its own: ids
     waiting for their time (a heap), ids whose time has come queued behind
@@ -3747,6 +3825,7 @@ class Schedule:
         self.quoted = set()  #: the hosts that declared a quota (see quota)
         self.fixed_host = None if "{id}" in urlsplit(cfg.request.url).netloc or cfg.request.url == "{id}" else \
             host_of(cfg.request.url, "")  #: the one host every id goes to, if the template says so
+        self.feed, self.untried = None, 0  #: pass one's ids still in the file (Feed); those held here
 
     def add(self, item: Item, ready_at: float, now: float) -> None:
         """An id due at `ready_at`: if that is now, it goes to its host's queue."""
@@ -3757,20 +3836,27 @@ class Schedule:
         else:
             heapq.heappush(self.heap, (ready_at, next(self.seq), item))
 
-    def add_untried(self, item_id: str) -> None:
+    def add_untried(self, line: int, item_id: str) -> None:
         """An id of pass one, never tried, due now: it waits in its host's
-        queue as its text alone, and becomes an Item when it is taken. A
-        list of millions costs a reference each, not an object each."""
+        queue as its line and text alone, and becomes an Item when it is taken."""
         name = self.fixed_host or host_of(self.cfg.request.url, item_id)
         host = self.hosts.get(name)
         if host is None:
             host = self.hosts[name] = Host(cap=self.cfg.per_host or self.cfg.concurrency, longest=self.cfg.max_backoff)
         if not host.ready:
             self.active.append(name)
-        host.ready.append(item_id)
+        host.ready.append((line, item_id))
+        self.untried += 1
+
+    def read_on(self, most: int = LOOKAHEAD) -> None:
+        """Hold up to `most` untried ids, read on from the feed."""
+        if self.feed is not None and self.untried < most:
+            for line, item_id in self.feed.take(most - self.untried):
+                self.add_untried(line, item_id)
 
     def pending(self) -> int:
-        return len(self.heap) + sum(len(self.hosts[name].ready) for name in self.active)
+        held = sum(len(self.hosts[name].ready) for name in self.active)
+        return len(self.heap) + held + (self.feed.left if self.feed else 0)
 
     def empty(self) -> bool:
         """Nothing waiting, ready or in flight."""
@@ -3814,13 +3900,20 @@ class Schedule:
         if self.inflight >= self.cfg.concurrency or self.next_slot > now or not self.active:
             return None
         host = self._open_host(now)
+        while host is None and self.fixed_host is None and self.feed and self.feed.left and \
+                self.untried < LOOKAHEAD_MOST:  # the hosts held are all shut: some further on may be open
+            self.read_on(self.untried + LOOKAHEAD)
+            host = self._open_host(now)
         if host is None:
             return None
         item = host.ready.popleft() if host.down_since is None else self._probe(host)
-        if isinstance(item, str):  # an untried id waits as its text alone (see add_untried)
-            item = Item(item, host=self.active[-1])
+        if isinstance(item, tuple):  # an untried id waits as its line and text alone (see add_untried)
+            item = Item(item[1], host=self.active[-1], line=item[0])
+            self.untried -= 1
         if not host.ready:
             self.active.pop()  # the host _open_host left last: no scan of a million hosts
+        if self.untried < LOOKAHEAD // 2:
+            self.read_on()
         host.start(now)
         item.sent, item.order = now, next(self.starts)
         if self.cfg.rate:
@@ -3835,7 +3928,7 @@ class Schedule:
         ready = host.ready
         for _ in range(DOWN_AFTER):
             at = int(self.rand() * len(ready)) % len(ready)
-            if isinstance(ready[at], str) or ready[at].tries == 0 and not ready[at].timed_out:
+            if isinstance(ready[at], tuple) or ready[at].tries == 0 and not ready[at].timed_out:
                 item = ready[at]
                 del ready[at]
                 return item
@@ -3920,7 +4013,10 @@ class Books:
             self.ledger.append("results.jsonl", self.result_line(item, out))
         else:
             self.ledger.success(item.id, self.result_line(item, out))
-        self.state.done.add(item.id)
+        if item.line >= 0 and self.state.lines is not None:
+            self.state.lines[item.line] = DONE  # a run's done ids are its index's lines, not a set of them all
+        if item.line < 0 or item.id in self.state.unavailable:
+            self.state.done.add(item.id)
         self.counts["done"] += 1
         self.tally.count(item.pass_no, "done")
 
@@ -4248,7 +4344,7 @@ class Settler:
             self.books.failed(item, step)
             if step.move is Move.FAIL:
                 self.schedule(Item(item.id, item.pass_no + 1, timed_out=item.timed_out, prior=item.prior,
-                                   listed=item.listed, own=item.own), self.fx.clock() + step.wait)
+                                   listed=item.listed, own=item.own, line=item.line), self.fx.clock() + step.wait)
         elif step.move is Move.UNAVAILABLE:
             self.books.unavailable(item, step.outcome)
         return f"retry in {duration(step.wait)}" if step.move is Move.RETRY else step.move.value
@@ -4470,16 +4566,19 @@ class Batch:
         return mine
 
 
-def plan(ids: list, total: int, state: State, cfg: Config, batch: Batch, ledger: Ledger, fx: Effects) -> list:
-    """Put every unsettled id on the schedule at the pass it reached; return
-    the ids not done at the start (the report need look at no other).
-    total: the run's ids, done or not."""
-    now, wall = fx.clock(), fx.wallclock()
-    rest = list(filter(state.undone.__contains__, ids))  # read_input made it
+def plan(listing: Listing, state: State, cfg: Config, batch: Batch, ledger: Ledger, fx: Effects) -> None:
+    """Put every unsettled id on the schedule at the pass it reached: those
+    with a record now, the untried ones as the schedule reads them from the
+    file (Feed). Each is FED in the listing's flags."""
+    now, wall, flags = fx.clock(), fx.wallclock(), listing.flags
     settler = batch.settler
-    settler.counts["done"] = total - len(rest)
+    settler.counts["done"] = listing.total - listing.pending()
+    state.lines = flags
     ahead = False
-    for item_id in rest:
+    for n, item_id in listing.marked:
+        if flags[n] != PENDING:
+            continue
+        flags[n] = FED
         if item_id in state.unavailable and not wants_again(state.unavailable[item_id], cfg.retry_unavailable):
             settler.counts["unavailable"] += 1
             continue
@@ -4490,16 +4589,17 @@ def plan(ids: list, total: int, state: State, cfg: Config, batch: Batch, ledger:
         step = resume_step(last, cfg, wall) if last else None
         listed = item_id in state.gone
         if step is None and not listed:
-            batch.timeline.add_untried(item_id)
+            batch.timeline.add_untried(n, item_id)
         elif step is None:
-            settler.schedule(Item(item_id, listed=listed), now)
+            settler.schedule(Item(item_id, listed=listed, line=n), now)
         elif step.move is Move.GIVE_UP:
             settle_exhausted(item_id, last, ledger, state, cfg, wall)
             settler.counts["unavailable"] += 1
         else:
             settler.schedule(Item(item_id, last["pass"] + 1, timed_out=record_cause(last) is Cause.TIMEOUT,
-                                  listed=listed), now + step.wait)
-    return rest
+                                  listed=listed, line=n), now + step.wait)
+    batch.timeline.feed = Feed(listing)
+    batch.timeline.read_on()
 
 
 def plan_refresh(due: list, before: str, state: State, cfg: Config, batch: Batch, fx: Effects) -> None:
@@ -4634,11 +4734,11 @@ class Progress:
             self.shown = False
 
 
-def residue(ids: list, state: State, tally: Tally) -> tuple:
-    """(rows, pending): a row for every id that is unavailable or failed, with
-    its state, reason and recommended action, and for the first
-    PENDING_LISTED pending ids; and how many ids are pending in all. A run
-    stopped early over a million ids lists no million rows."""
+def residue(ids: Iterable[str], state: State, tally: Tally) -> tuple:
+    """(rows, pending): a row for every id not done (of `ids`, in order) that
+    is unavailable or failed, with its state, reason and recommended action,
+    and for the first PENDING_LISTED pending ids; and how many ids are
+    pending in all. A run stopped early over a million ids lists no million rows."""
     rows, pending = [], 0
     reason, action = (tally.stop.pending, tally.stop.action) if tally.stop else NOT_REQUESTED
     for item_id in ids:
@@ -4679,10 +4779,10 @@ def group_residue(rows: list, pending: int, cfg: Config) -> list:
     return sorted(lines, key=lambda line: -line["count"])
 
 
-def build_report(total: int, rest: list, duplicates: int, state: State, tally: Tally, cfg: Config,
+def build_report(total: int, rest: Iterable[str], duplicates: int, state: State, tally: Tally, cfg: Config,
                  elapsed: float, redact: Redactor, now: float, refresh: Optional[dict] = None) -> dict:
     """report.json: what this run did and exactly what is missing, and why.
-    rest: the ids that were not done when the run started, in input order."""
+    rest: the ids that were not done when the run started, in input order (a stream)."""
     rows, pending = residue(rest, state, tally)
     counts = Counter(r["state"] for r in rows)
     return {
@@ -4857,7 +4957,7 @@ def check(ids_file: Path, state_dir: Path, quiet: bool, out, shard: Optional[tup
     if shard:
         ids = [i for i in ids if in_shard(i, shard)]
         undone = set(ids)
-    total, keyed = len(ids), keyed_ids_warning(ids)
+    total, keyed = len(ids), keyed_ids_warning(sum(map(key_in_query, ids)))
     del ids  # undone has them all: one list less at the peak
     torn = [name for name in STATE_FILES if has_torn_tail(state_dir / name)]
     state = load_state(state_dir, repair=False, done=False)
@@ -5654,8 +5754,10 @@ def dry_run(cfg: Config, err, out) -> ExitCode:
     if note and not cfg.quiet:
         print(shown_text(f"redrive: {redact(note)}"), file=err)
     before = refresh_cutoff(cfg, record, time.time())[0]
-    due = take_back_gone(state, ids, cfg.state_dir, before) if known else []
-    left = [i for i in ids if i in state.undone]
+    flags = bytearray(PENDING if i in state.undone else DONE for i in ids)
+    listing = Listing(cfg.ids_file, flags, len(ids), 0, list(enumerate(ids)))
+    due = take_back_gone(state, listing, cfg.state_dir, before) if known else []
+    left = [i for n, i in enumerate(ids) if flags[n] == PENDING]
     unavailable = sum(1 for i in left if i in state.unavailable and not wants_again(state.unavailable[i],
                                                                                     cfg.retry_unavailable))
     failed = sum(1 for i in left if i in state.failed and i not in state.unavailable)
@@ -5780,19 +5882,20 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
     with RunLock(cfg.state_dir, fx.wallclock):
         record = read_run_record(cfg.state_dir)
         state = load_state(cfg.state_dir, done=False)
-        before, resumed = refresh_cutoff(cfg, record, fx.wallclock())
-        ids, total, duplicates = read_input(cfg, state, before is not None, redact, err)
-        done_file = cfg.state_dir / "done.txt"
-        fresh = not (done_file.exists() and done_file.stat().st_size > 0)
-        note, since = settle_run_record(cfg, record, not fresh, fx.wallclock(), before)
-        forget_old_verdicts(state, since)
-        for line in filter(None, (note, resumed)) if not cfg.quiet else ():
-            print(shown_text(f"redrive: {redact(line)}"), file=err)
-        due = take_back_gone(state, ids, cfg.state_dir, before)
         ledger = Ledger(cfg.state_dir, cfg.fsync, fx.clock, fx.fsync)
-        ledger.open()
         try:
-            rest, tally = run_passes(cfg, fx, err, (ids, total), state, ledger, fresh, redact, (due, before))
+            complete_lost_done(state, ledger)  # before the index is brought up to date: it reads that done line
+            before, resumed = refresh_cutoff(cfg, record, fx.wallclock())
+            listing = read_input(cfg, state, before is not None, redact, err)
+            done_file = cfg.state_dir / "done.txt"
+            fresh = not (done_file.exists() and done_file.stat().st_size > 0)
+            note, since = settle_run_record(cfg, record, not fresh, fx.wallclock(), before)
+            forget_old_verdicts(state, since)
+            for line in filter(None, (note, resumed)) if not cfg.quiet else ():
+                print(shown_text(f"redrive: {redact(line)}"), file=err)
+            due = take_back_gone(state, listing, cfg.state_dir, before)
+            ledger.open()
+            tally = run_passes(cfg, fx, err, listing, state, ledger, fresh, redact, (due, before))
         finally:
             ledger.close()
         came_back = frozenset(i for i in state.done if i in state.unavailable and i not in state.fresh)
@@ -5805,9 +5908,10 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
             end_refresh(cfg.state_dir)
             # a refresh that is over needs no line per pass of the ids it asked: each keeps its last, as elsewhere
             compact(cfg.state_dir / "failed.jsonl", only=frozenset(i for i, _ in due))
-        rest += [i for i, _ in due if i in state.fresh]  # gone upstream in this refresh
-        report = build_report(total, rest, duplicates, state, tally, cfg, fx.clock() - started, redact,
-                              fx.wallclock(), refresh)
+        rest = itertools.chain((i for _, i in listing.lines((PENDING, FED))),  # not done, in file order
+                               (i for i, _ in due if i in state.fresh))  # gone upstream in this refresh
+        report = build_report(listing.total, rest, listing.duplicates, state, tally, cfg, fx.clock() - started,
+                              redact, fx.wallclock(), refresh)
         return finish(report, tally, cfg, redact, err)
 
 
@@ -5836,45 +5940,47 @@ def whole_list(cfg: Config, err) -> tuple:
     return ids, duplicates, unique, redact
 
 
-def check_listed(cfg: Config, ids: list, redact: Redactor, err) -> None:
+def check_listed(cfg: Config, ids: Iterable[str], redact: Redactor, err) -> None:
     """Before anything is sent: a bad URL among the ids, or a local setting
-    that cannot work for them, raises; a key in the ids is warned of."""
-    check_urls(cfg, ids, redact)
-    keyed = keyed_ids_warning(ids) if cfg.request.url == "{id}" and not cfg.quiet else None
-    if keyed:
+    that cannot work for them, raises; a key in the ids is warned of. The
+    ids are read once: they may be a stream."""
+    first = []  # the first ones, whose origins' proxies are checked
+
+    def kept(stream):
+        for item_id in stream:
+            if len(first) < 10 * CHECKED_ORIGINS:
+                first.append(item_id)
+            yield item_id
+    keyed = keyed_ids_warning(check_urls(cfg, kept(ids), redact))
+    if keyed and not cfg.quiet:
         print(f"redrive: warning: {keyed}", file=err)
-    check_local_settings(cfg, ids, redact)
+    check_local_settings(cfg, first, redact)
 
 
-def read_input(cfg: Config, state: State, refresh: bool, redact: Redactor, err) -> tuple:
-    """(the ids a run looks at, in file order: its shard's not done, and
-    those done that a refresh asks again or that may be gone upstream; how
-    many ids the run has in all; the file's repeated lines) from the state's
-    index, brought up to date. Sets state.undone. A bad id URL raises, a key
-    in the ids is warned of."""
+def read_input(cfg: Config, state: State, refresh: bool, redact: Redactor, err) -> Listing:
+    """The run's Listing, from the state's index brought up to date: its
+    shard's ids not done, and those done that a refresh asks again or that
+    may be gone upstream. A bad id URL raises, a key in the ids is warned
+    of: for a list of URLs, that is one pass over the ids left."""
     index = current_index(cfg.ids_file, cfg.state_dir, cfg.shard)
     if index.flags.count(NO_ID) == len(index.flags):
         raise RedriveError(f"{cfg.ids_file}: no ids in it; put one id per line ('#' lines are comments)")
-    total, duplicates = index.counts()
-    keep = (lambda item_id: True) if refresh else state.unavailable.__contains__ if state.unavailable else None
-    ids, state.undone = indexed_ids(cfg.ids_file, index, keep)
-    del index
+    listing = listing_of(cfg.ids_file, index, state, refresh)
+    ids = (i for _, i in listing.lines((PENDING,))) if cfg.request.url == "{id}" else ()
     check_listed(cfg, ids, redact, err)
-    return ids, total, duplicates
+    return listing
 
 
-def run_passes(cfg: Config, fx: Effects, err, listed: tuple, state: State, ledger: Ledger, fresh: bool,
-               redact: Redactor, refresh: tuple) -> tuple:
-    """(the ids not done at the start, the Tally): every pass, the stop
-    signals caught. listed: (read_input's ids, the run's number of ids);
-    refresh: (the done ids due, with their Prior; the cut-off)."""
-    ids, total = listed
-    complete_lost_done(state, ledger)
+def run_passes(cfg: Config, fx: Effects, err, listing: Listing, state: State, ledger: Ledger, fresh: bool,
+               redact: Redactor, refresh: tuple) -> Tally:
+    """Every pass, the stop signals caught. refresh: (the done ids due, with
+    their Prior; the cut-off)."""
+    total = listing.total
     for note in state.repairs:
         print(shown_text(f"redrive: warning: {redact(note)}"), file=err)
     progress = Progress(err, total, fx.clock, cfg.quiet)
     batch = Batch(cfg, ledger, state, fx, redact, progress)
-    rest = plan(ids, total, state, cfg, batch, ledger, fx)
+    plan(listing, state, cfg, batch, ledger, fx)
     new = batch.timeline.pending()
     due, before = refresh
     if before:
@@ -5889,7 +5995,7 @@ def run_passes(cfg: Config, fx: Effects, err, listed: tuple, state: State, ledge
     progress.say(f"redrive: {total} ids, {new} to fetch{again}, state in {cfg.state_dir}")
     with StopSignals(batch):
         try:
-            return rest, batch.run()
+            return batch.run()
         finally:
             progress.clear()
             batch.wake.close()

@@ -2914,16 +2914,17 @@ def _drive(serve, count, until, latency, cap, folder, options):
     clock = [0.0]
     fx = Effects(clock=lambda: clock[0], wallclock=lambda: WALL + clock[0], sleep=lambda s: None,
                  rand=random.Random(7).random, fsync=lambda fd: None)
-    ids = [str(i) for i in range(count)]
-    cfg = Config(folder / "ids.txt", folder / "state", request=redrive.Request(url_spec="http://h/{id}",
-                 url="http://h/{id}"), concurrency=cap, quiet=True, guard=False, **options)
+    cfg = Config(write_ids(folder, map(str, range(count))), folder / "state",
+                 request=redrive.Request(url_spec="http://h/{id}", url="http://h/{id}"), concurrency=cap, quiet=True,
+                 guard=False, **options)
     cfg.state_dir.mkdir(parents=True, exist_ok=True)
     ledger = redrive.Ledger(cfg.state_dir, False, fx.clock, fx.fsync)
     ledger.open()
-    state = redrive.load_state(cfg.state_dir, undone=set(ids))
+    state = redrive.load_state(cfg.state_dir, done=False)
+    listing = redrive.read_input(cfg, state, False, redrive.Redactor(()), io.StringIO())  # as run() reads it
     batch = redrive.Batch(cfg, ledger, state, fx, redrive.Redactor(()),
                           redrive.Progress(io.StringIO(), count, fx.clock, True))
-    redrive.plan(ids, len(ids), state, cfg, batch, ledger, fx)
+    redrive.plan(listing, state, cfg, batch, ledger, fx)
     inflight, asked, refused, sends, seq = [], Counter(), [], [], itertools.count()
     declared_at, switch = math.inf, sys.getswitchinterval()  # a paced Batch sets it; Batch.run sets it back
 
@@ -3590,12 +3591,13 @@ def planned_batch(tmp_path, ids, *extra):
     cfg = redrive.config_from_args(redrive.build_parser().parse_args([str(ids_file), *extra]), {}, None)
     fake = FakeTime()
     cfg.state_dir.mkdir()
-    state = redrive.load_state(cfg.state_dir, undone=set(ids))
+    state = redrive.load_state(cfg.state_dir, done=False)
+    listing = redrive.listing_of(cfg.ids_file, redrive.current_index(cfg.ids_file, cfg.state_dir, None), state, False)
     ledger = redrive.Ledger(cfg.state_dir)
     ledger.open()
     progress = redrive.Progress(io.StringIO(), len(ids), fake.clock, True)
     batch = redrive.Batch(cfg, ledger, state, fake.effects(), redrive.Redactor(()), progress)
-    redrive.plan(ids, len(ids), state, cfg, batch, ledger, fake.effects())
+    redrive.plan(listing, state, cfg, batch, ledger, fake.effects())
     return batch, ledger, fake
 
 
@@ -5352,4 +5354,5 @@ def test_the_index_says_what_the_ledgers_say_after_any_edits(tmp_path_factory, f
         redrive.cut_done(sdir / "done.txt", left)
         index = redrive.current_index(ids_file, sdir, shard)
         assert index.counts() == (len(ids), duplicates)
-        assert redrive.indexed_ids(ids_file, index)[0] == [i for i in ids if i in left]
+        feed = redrive.Feed(redrive.Listing(ids_file, index.flags, *index.counts(), []))  # what a run reads
+        assert [i for _, i in feed.take(len(ids) + 1)] == [i for i in ids if i in left] and feed.left == 0
