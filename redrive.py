@@ -2416,6 +2416,10 @@ def write_index(state_dir: Path, index: Index) -> None:
     write_atomically(state_dir / INDEX_FILE, json.dumps(head) + "\n", index.flags)
 
 
+#: bool(id) -> its line's flag, with no shard (see built_index).
+UNSHARDED = bytes([NO_ID, PENDING]) + bytes(254)
+
+
 def line_flag(item_id: str, shard: Optional[tuple]) -> int:
     """A line's flag before done.txt is looked at."""
     return NO_ID if not item_id else PENDING if shard is None or in_shard(item_id, shard) else OTHER_SHARD
@@ -2501,22 +2505,26 @@ def built_index(ids_file: Path, state_dir: Path, shard: Optional[tuple], done_to
     done_path = state_dir / "done.txt"
     with Parts(state_dir, parts) as split:
         for line, ids, end, ends_lf in id_blocks(ids_file):
-            flags.extend(line_flag(i, shard) for i in ids)
+            if shard is None:  # an id PENDING, a blank line NO_ID, with no Python call per line
+                flags.extend(bytes(map(bool, ids)).translate(UNSHARDED))
+            else:
+                flags.extend(line_flag(i, shard) for i in ids)
             split.add_lines(line, ids)
             ids_bytes = end
             if ends_lf:
                 lf_bytes, lf_lines = end, len(flags)
         for lines in done_between(done_path, 0, done_to):
             split.add_done(lines)
-        for numbered, done in split:
-            first = set()
-            for n, item_id in numbered:
-                if item_id in first:
-                    flags[n] = REPEAT
-                else:
+        for numbers, ids, done in split:
+            if len(set(ids)) < len(ids):  # some repeat: each line after an id's first
+                first = set()
+                for n, item_id in zip(numbers, ids):
+                    if item_id in first:
+                        flags[n] = REPEAT
                     first.add(item_id)
-                    if flags[n] == PENDING and item_id in done:
-                        flags[n] = DONE
+            for n in [n for n, item_id in zip(numbers, ids) if item_id in done] if done else ():
+                if flags[n] == PENDING:
+                    flags[n] = DONE
     return Index(ids_bytes, prefix_digest(ids_file, ids_bytes), lf_bytes, lf_lines, done_to,
                  prefix_digest(done_path, done_to), shard, flags)
 
@@ -2542,17 +2550,19 @@ class Parts:
             shutil.rmtree(self.dir, ignore_errors=True)
 
     def add_lines(self, line: int, ids: list) -> None:
+        count, parts, numbers = self.count, self.ids, self.numbers
         for n, item_id in enumerate(ids, line):
             if item_id:
-                k = hash(item_id) % self.count
-                self.ids[k].append(item_id)
-                self.numbers[k].append(n)
+                k = hash(item_id) % count
+                parts[k].append(item_id)
+                numbers[k].append(n)
         self.held += len(ids)
         self._spill()
 
     def add_done(self, ids: list) -> None:
+        count, done = self.count, self.done
         for item_id in ids:
-            self.done[hash(item_id) % self.count].append(item_id)
+            done[hash(item_id) % count].append(item_id)
         self.held += len(ids)
         self._spill()
 
@@ -2562,7 +2572,9 @@ class Parts:
         for k in range(self.count):
             if self.ids[k]:
                 with open(self.dir / f"lines.{k}", "ab") as fh:
-                    fh.write("".join(f"{n}\t{i}\n" for n, i in zip(self.numbers[k], self.ids[k])).encode("utf-8"))
+                    fh.write(("\n".join(self.ids[k]) + "\n").encode("utf-8"))
+                with open(self.dir / f"numbers.{k}", "ab") as fh:
+                    self.numbers[k].tofile(fh)
                 self.ids[k], self.numbers[k] = [], array.array("q")
             if self.done[k]:
                 with open(self.dir / f"done.{k}", "ab") as fh:
@@ -2576,15 +2588,20 @@ class Parts:
         except FileNotFoundError:
             return []
 
+    def _numbers(self, k: int) -> array.array:
+        numbers = array.array("q")
+        with contextlib.suppress(FileNotFoundError):
+            numbers.frombytes((self.dir / f"numbers.{k}").read_bytes())
+        return numbers
+
     def __iter__(self):
-        """Per part: (its (line number, id) pairs in line order, the set of its done ids)."""
+        """Per part: (the line numbers of its ids, its ids in line order, the set of its done ids)."""
         if self.dir is None:
-            yield zip(self.numbers[0], self.ids[0]), set(self.done[0])
+            yield self.numbers[0], self.ids[0], set(self.done[0])
             return
         self._spill(now=True)
         for k in range(self.count):
-            done = set(self._read("done", k))
-            yield ((int(n), i) for n, _, i in (entry.partition("\t") for entry in self._read("lines", k))), done
+            yield self._numbers(k), self._read("lines", k), set(self._read("done", k))
 
 
 @dataclass
@@ -3848,8 +3865,9 @@ class Schedule:
         host.ready.append((line, item_id))
         self.untried += 1
 
-    def read_on(self, most: int = LOOKAHEAD) -> None:
-        """Hold up to `most` untried ids, read on from the feed."""
+    def read_on(self, most: Optional[int] = None) -> None:
+        """Hold up to `most` (LOOKAHEAD) untried ids, read on from the feed."""
+        most = LOOKAHEAD if most is None else most
         if self.feed is not None and self.untried < most:
             for line, item_id in self.feed.take(most - self.untried):
                 self.add_untried(line, item_id)
@@ -4356,10 +4374,12 @@ class Timekeeper:
     due beyond its reach, the grace for requests in flight after a stop,
     and how long to wait before looking again."""
 
-    def __init__(self, cfg: Config, fx: Effects, timeline: Schedule, settler: Settler, ledger: Ledger, progress):
+    def __init__(self, cfg: Config, fx: Effects, timeline: Schedule, settler: Settler, ledger: Ledger, progress,
+                 started: Optional[float] = None):
         self.cfg, self.fx, self.timeline, self.settler = cfg, fx, timeline, settler
         self.ledger, self.progress, self.tally = ledger, progress, settler.tally
-        self.end_at = None if cfg.max_time is None else fx.clock() + cfg.max_time
+        started = fx.clock() if started is None else started  # the run's start: reading the state counts too
+        self.end_at = None if cfg.max_time is None else started + cfg.max_time
         self.said_stopping = False
 
     def tend(self) -> bool:
@@ -4408,7 +4428,8 @@ class Batch:
     their host's gate. Workers fetch, settle their outcome and take their
     next id under one lock; the main thread keeps time and stops the run."""
 
-    def __init__(self, cfg: Config, ledger: Ledger, state: State, fx: Effects, redact: Redactor, progress):
+    def __init__(self, cfg: Config, ledger: Ledger, state: State, fx: Effects, redact: Redactor, progress,
+                 started: Optional[float] = None):
         self.cfg, self.ledger, self.fx, self.redact = cfg, ledger, fx, redact
         self.timeline = Schedule(cfg, fx.rand)
         self.host_settings = HostSettings()
@@ -4421,7 +4442,7 @@ class Batch:
         self.tally = Tally()
         books = Books(cfg, ledger, state, redact, fx.wallclock, self.tally)
         self.settler = Settler(cfg, self.timeline, books, fx, progress.say)
-        self.keeper = Timekeeper(cfg, fx, self.timeline, self.settler, ledger, progress)
+        self.keeper = Timekeeper(cfg, fx, self.timeline, self.settler, ledger, progress, started)
         self.sleep = fx.sleep or self.wake.wait
         self.wakes_at = 0.0  #: when the main thread looks again, unless woken
         self.timed = False  #: some requests are paced: threads switch every SWITCH_INTERVAL
@@ -5895,7 +5916,7 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
                 print(shown_text(f"redrive: {redact(line)}"), file=err)
             due = take_back_gone(state, listing, cfg.state_dir, before)
             ledger.open()
-            tally = run_passes(cfg, fx, err, listing, state, ledger, fresh, redact, (due, before))
+            tally = run_passes(cfg, fx, err, listing, state, ledger, fresh, redact, (due, before), started)
         finally:
             ledger.close()
         came_back = frozenset(i for i in state.done if i in state.unavailable and i not in state.fresh)
@@ -5972,14 +5993,14 @@ def read_input(cfg: Config, state: State, refresh: bool, redact: Redactor, err) 
 
 
 def run_passes(cfg: Config, fx: Effects, err, listing: Listing, state: State, ledger: Ledger, fresh: bool,
-               redact: Redactor, refresh: tuple) -> Tally:
+               redact: Redactor, refresh: tuple, started: float) -> Tally:
     """Every pass, the stop signals caught. refresh: (the done ids due, with
-    their Prior; the cut-off)."""
+    their Prior; the cut-off); started: when the run began (--max-time's start)."""
     total = listing.total
     for note in state.repairs:
         print(shown_text(f"redrive: warning: {redact(note)}"), file=err)
     progress = Progress(err, total, fx.clock, cfg.quiet)
-    batch = Batch(cfg, ledger, state, fx, redact, progress)
+    batch = Batch(cfg, ledger, state, fx, redact, progress, started)
     plan(listing, state, cfg, batch, ledger, fx)
     new = batch.timeline.pending()
     due, before = refresh

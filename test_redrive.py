@@ -1106,6 +1106,54 @@ def test_max_time_starts_no_new_request_and_exits_1(server, tmp_path):
     assert server.hits == Counter({"f": 2, "g": 1})
 
 
+class SlowStart(FakeTime):
+    """A clock on which the run's set-up takes `setup` seconds: it moves on
+    once the run has read it first, before anything is sent."""
+
+    def __init__(self, setup):
+        super().__init__()
+        self.setup, self.reads = setup, 0
+
+    def clock(self):
+        self.reads += 1
+        if self.reads == 2:
+            self.now += self.setup
+        return self.now
+
+
+@pytest.mark.parametrize("setup, sent", [(5.0, 0), (0.0, 3)])
+def test_max_time_counts_from_the_start_of_the_run_reading_the_state_included(server, tmp_path, setup, sent):
+    code, err, _ = crawl(server, tmp_path, ["a", "b", "c"], "--max-time", "4", fake=SlowStart(setup))
+    assert sum(server.hits.values()) == sent and summary_count(err, "pending") == 3 - sent
+    assert code == (ExitCode.INCOMPLETE if sent < 3 else ExitCode.OK)
+    assert crawl(server, tmp_path, ["a", "b", "c"])[0] == ExitCode.OK and sum(server.hits.values()) == 3
+
+
+def test_a_list_longer_than_what_a_run_holds_is_asked_in_file_order_once_each(monkeypatch):
+    monkeypatch.setattr(redrive, "LOOKAHEAD", 16)  # the run holds 16 untried ids; the file has 30 times that
+    asked = []
+
+    def serve(item, n, now):
+        asked.append(item)
+        return (404, {}, b"") if item % 7 == 0 else (200, {}, b'{"ok":1}')
+    run = drive(serve, 500, cap=8)
+    assert asked == list(range(500)) and len(run["ended"]) == 500
+
+
+def test_hosts_further_on_in_a_list_of_urls_are_asked_while_the_first_host_is_shut(server, tmp_path, monkeypatch):
+    monkeypatch.setattr(redrive, "LOOKAHEAD", 20)  # the shut host's ids alone fill what the run holds
+    spent = (200, b'{"ok":1}', {"RateLimit-Limit": "1", "RateLimit-Remaining": "0", "RateLimit-Reset": "30"})
+    server.replies.update({f"a{n}": [spent] for n in range(30)})  # one request each 30 s
+    port = server.server_address[1]
+    ids = [f"http://127.0.0.1:{port}/items/a{n}" for n in range(30)] + \
+          [f"http://localhost:{port}/items/b{n}" for n in range(10)]
+    assert run_cli([write_ids(tmp_path, ids), "--concurrency", "4"])[0] == ExitCode.OK
+    fetched = {r["id"].rsplit("/", 1)[1]: r["fetched_at"] for r in state(tmp_path, "results.jsonl")}
+    shut = sorted({t for i, t in fetched.items() if i.startswith("a")})
+    assert len(fetched) == 40 and len(shut) > 20  # its quota let through one request a window
+    assert max(t for i, t in fetched.items() if i.startswith("b")) < shut[1]  # before the first window renewed
+
+
 def test_exhausted_record_without_unavailable_line_is_settled_on_start(server, tmp_path):
     sdir = tmp_path / "ids.redrive"
     sdir.mkdir()
