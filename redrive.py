@@ -2632,6 +2632,30 @@ class Listing:
                 if table[n] in flags:
                     yield n, item_id
 
+    def not_done(self, listed: int) -> Iterable[str]:
+        """The ids not done, in file order, for the report: every id the run
+        took in hand (FED), and untried ones (PENDING, no record: pending)
+        until `listed` of those are read. The untried past that are counted
+        in self.untried_past, their blocks not decoded: a run stopped early
+        over millions of ids reports in a read of the file."""
+        table, self.untried_past, untried = self.flags, 0, 0
+
+        def wanted(first: int, end: int) -> bool:
+            if table.find(FED, first, end) >= 0 or untried < listed and table.find(PENDING, first, end) >= 0:
+                return True
+            self.untried_past += table.count(PENDING, first, end)
+            return False
+        for line, ids, _, _ in id_blocks(self.ids_file, 0, 0, wanted):
+            for n, item_id in enumerate(ids or (), line):
+                if table[n] == FED:
+                    yield item_id
+                elif table[n] == PENDING:
+                    if untried < listed:
+                        untried += 1
+                        yield item_id
+                    else:
+                        self.untried_past += 1
+
 
 def listing_of(ids_file: Path, index: Index, state: State, refresh: bool) -> Listing:
     """The run's Listing from the index: the lines it must look at before it
@@ -4755,11 +4779,12 @@ class Progress:
             self.shown = False
 
 
-def residue(ids: Iterable[str], state: State, tally: Tally) -> tuple:
+def residue(ids: Iterable[str], state: State, tally: Tally, uncounted: Callable[[], int] = lambda: 0) -> tuple:
     """(rows, pending): a row for every id not done (of `ids`, in order) that
     is unavailable or failed, with its state, reason and recommended action,
     and for the first PENDING_LISTED pending ids; and how many ids are
-    pending in all. A run stopped early over a million ids lists no million rows."""
+    pending in all, with uncounted() more that `ids` left out (read after
+    them). A run stopped early over a million ids lists no million rows."""
     rows, pending = [], 0
     reason, action = (tally.stop.pending, tally.stop.action) if tally.stop else NOT_REQUESTED
     for item_id in ids:
@@ -4781,7 +4806,7 @@ def residue(ids: Iterable[str], state: State, tally: Tally) -> tuple:
             if pending <= PENDING_LISTED:
                 rows.append({"id": shown_id(item_id), "state": "pending", "reason": reason, "status": None,
                              "bucket": None, "action": action})
-    return rows, pending
+    return rows, pending + uncounted()
 
 
 def group_residue(rows: list, pending: int, cfg: Config) -> list:
@@ -4801,10 +4826,11 @@ def group_residue(rows: list, pending: int, cfg: Config) -> list:
 
 
 def build_report(total: int, rest: Iterable[str], duplicates: int, state: State, tally: Tally, cfg: Config,
-                 elapsed: float, redact: Redactor, now: float, refresh: Optional[dict] = None) -> dict:
+                 elapsed: float, redact: Redactor, now: float, refresh: Optional[dict] = None,
+                 uncounted: Callable[[], int] = lambda: 0) -> dict:
     """report.json: what this run did and exactly what is missing, and why.
-    rest: the ids that were not done when the run started, in input order (a stream)."""
-    rows, pending = residue(rest, state, tally)
+    rest: the ids not done, in input order (a stream); uncounted(): pending ids it left out."""
+    rows, pending = residue(rest, state, tally, uncounted)
     counts = Counter(r["state"] for r in rows)
     return {
         "redrive": __version__, "ids_file": shown_path(cfg.ids_file), "state_dir": shown_path(cfg.state_dir),
@@ -5929,10 +5955,10 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
             end_refresh(cfg.state_dir)
             # a refresh that is over needs no line per pass of the ids it asked: each keeps its last, as elsewhere
             compact(cfg.state_dir / "failed.jsonl", only=frozenset(i for i, _ in due))
-        rest = itertools.chain((i for _, i in listing.lines((PENDING, FED))),  # not done, in file order
+        rest = itertools.chain(listing.not_done(PENDING_LISTED),  # not done, in file order
                                (i for i, _ in due if i in state.fresh))  # gone upstream in this refresh
         report = build_report(listing.total, rest, listing.duplicates, state, tally, cfg, fx.clock() - started,
-                              redact, fx.wallclock(), refresh)
+                              redact, fx.wallclock(), refresh, lambda: listing.untried_past)
         return finish(report, tally, cfg, redact, err)
 
 

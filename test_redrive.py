@@ -4492,6 +4492,24 @@ def test_a_reason_without_a_status_is_said_once(raw_server, tmp_path):
     assert "redirect to an unsupported URL: redirect to" not in err
 
 
+def test_a_run_stopped_before_it_sends_reports_every_id_of_a_long_list_with_its_records_in_file_order(
+        server, tmp_path):
+    ids = [f"id{n:07d}" for n in range(250_000)]  # 2.5 MB: the file is read in three blocks, one with no record
+    sdir = tmp_path / "ids.redrive"
+    sdir.mkdir()
+    failed = [{"id": ids[n], "pass": 1, "bucket": "retryable", "status": 503, "error": "503 Service Unavailable",
+               "tries": 3, "at": "2023-11-14T22:29:00.000000Z"} for n in (249_999, 5)]
+    (sdir / "failed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in failed))
+    code, err, _ = crawl(server, tmp_path, ids, "--max-time", "4", fake=SlowStart(5.0))
+    report = json.loads((sdir / "report.json").read_text())
+    assert code == ExitCode.INCOMPLETE and sum(server.hits.values()) == 0
+    assert report["counts"] | {"input": 0} == {"input": 0, "duplicates": 0, "done": 0, "unavailable": 0, "failed": 2,
+                                               "pending": 249_998}
+    rows = report["unresolved"]
+    assert [r["id"] for r in rows if r["state"] == "pending"] == ids[:5] + ids[6:1001]
+    assert [r["id"] for r in rows if r["state"] == "failed"] == [ids[5], ids[249_999]]  # in file order
+
+
 def test_a_stopped_run_over_many_ids_lists_pending_ids_by_count_not_one_by_one(server, tmp_path):
     ids = [f"p{n}" for n in range(3000)]
     server.replies.update({item: [("sleep", 0.01, 200)] for item in ids[:10]})
