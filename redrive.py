@@ -2425,12 +2425,13 @@ def line_flag(item_id: str, shard: Optional[tuple]) -> int:
     return NO_ID if not item_id else PENDING if shard is None or in_shard(item_id, shard) else OTHER_SHARD
 
 
-def current_index(ids_file: Path, state_dir: Path, shard: Optional[tuple]) -> Index:
+def current_index(ids_file: Path, state_dir: Path, shard: Optional[tuple], keep: bool = True) -> Index:
     """The index of the ids file against done.txt, up to date: taken as it
     is where neither changed; with the lines since added to either merged in
-    (up to INDEX_LATE of them); else rebuilt. Written back when it changed."""
-    for leftover in state_dir.glob(glob.escape(SCRATCH_PREFIX) + "*"):  # a killed rebuild's
-        if leftover.is_dir() and not leftover.is_symlink():
+    (up to INDEX_LATE of them); else rebuilt. Written back when it changed,
+    if `keep` (a run; a reader such as --export only reads the state)."""
+    for leftover in state_dir.glob(glob.escape(SCRATCH_PREFIX) + "*") if keep else ():  # a killed rebuild's
+        if leftover.is_dir() and not leftover.is_symlink():  # (a run holds the lock: no reader's is in use)
             shutil.rmtree(leftover, ignore_errors=True)
     done_path = state_dir / "done.txt"
     done_to = done_end(done_path)
@@ -2445,7 +2446,8 @@ def current_index(ids_file: Path, state_dir: Path, shard: Optional[tuple]) -> In
         updated = None
     with StopWhileIndexing():
         index = updated or built_index(ids_file, state_dir, shard, done_to)
-        write_index(state_dir, index)
+        if keep:
+            write_index(state_dir, index)
     return index
 
 
@@ -2530,15 +2532,16 @@ def built_index(ids_file: Path, state_dir: Path, shard: Optional[tuple], done_to
 
 
 class Parts:
-    """The ids file's id lines and done.txt's ids, split into parts by the
-    id's hash: kept in memory when there is one part, else spilled to files
-    of a scratch dir in the state dir, removed on the way out (and by the
-    next run, after a kill)."""
+    """The ids file's id lines, and the ids of another file (done.txt, or a
+    ledger with each line's offset: keyed), split into parts by the id's
+    hash: kept in memory when there is one part, else spilled to files of a
+    scratch dir in the state dir, removed on the way out (and by the next
+    run, after a kill)."""
 
-    def __init__(self, state_dir: Path, count: int):
-        self.state_dir, self.count, self.dir, self.held = state_dir, count, None, 0
+    def __init__(self, state_dir: Path, count: int, keyed: bool = False):
+        self.state_dir, self.count, self.keyed, self.dir, self.held = state_dir, count, keyed, None, 0
         self.ids, self.numbers = [[] for _ in range(count)], [array.array("q") for _ in range(count)]
-        self.done = [[] for _ in range(count)]
+        self.done, self.offsets = [[] for _ in range(count)], [array.array("q") for _ in range(count)]
 
     def __enter__(self):
         if self.count > 1:
@@ -2559,10 +2562,17 @@ class Parts:
         self.held += len(ids)
         self._spill()
 
-    def add_done(self, ids: list) -> None:
-        count, done = self.count, self.done
-        for item_id in ids:
-            done[hash(item_id) % count].append(item_id)
+    def add_done(self, ids: list, offsets: Iterable[int] = ()) -> None:
+        """The other file's ids; with their offsets, when keyed."""
+        count, done, at = self.count, self.done, self.offsets
+        if self.keyed:
+            for item_id, offset in zip(ids, offsets):
+                k = hash(item_id) % count
+                done[k].append(item_id)
+                at[k].append(offset)
+        else:
+            for item_id in ids:
+                done[hash(item_id) % count].append(item_id)
         self.held += len(ids)
         self._spill()
 
@@ -2570,38 +2580,92 @@ class Parts:
         if self.dir is None or (self.held < max(SPILL_LINES, 256 * self.count) and not now):  # few opens a part
             return
         for k in range(self.count):
-            if self.ids[k]:
-                with open(self.dir / f"lines.{k}", "ab") as fh:
-                    fh.write(("\n".join(self.ids[k]) + "\n").encode("utf-8"))
-                with open(self.dir / f"numbers.{k}", "ab") as fh:
-                    self.numbers[k].tofile(fh)
-                self.ids[k], self.numbers[k] = [], array.array("q")
-            if self.done[k]:
-                with open(self.dir / f"done.{k}", "ab") as fh:
-                    fh.write(("\n".join(self.done[k]) + "\n").encode("utf-8"))
-                self.done[k] = []
+            for kind, ids, numbers in (("lines", self.ids, self.numbers), ("done", self.done, self.offsets)):
+                if ids[k]:
+                    with open(self.dir / f"{kind}.{k}", "ab") as fh:
+                        fh.write(("\n".join(ids[k]) + "\n").encode("utf-8"))
+                    ids[k] = []
+                if numbers[k]:
+                    with open(self.dir / f"{kind}-numbers.{k}", "ab") as fh:
+                        numbers[k].tofile(fh)
+                    numbers[k] = array.array("q")
         self.held = 0
 
-    def _read(self, kind: str, k: int) -> list:
-        try:
-            return (self.dir / f"{kind}.{k}").read_bytes().decode("utf-8").split("\n")[:-1]
-        except FileNotFoundError:
-            return []
-
-    def _numbers(self, k: int) -> array.array:
+    def _read(self, kind: str, k: int) -> tuple:
+        """(the numbers, the ids) of one kind in part k, as spilled."""
         numbers = array.array("q")
         with contextlib.suppress(FileNotFoundError):
-            numbers.frombytes((self.dir / f"numbers.{k}").read_bytes())
-        return numbers
+            numbers.frombytes((self.dir / f"{kind}-numbers.{k}").read_bytes())
+        try:
+            return numbers, (self.dir / f"{kind}.{k}").read_bytes().decode("utf-8").split("\n")[:-1]
+        except FileNotFoundError:
+            return numbers, []
 
     def __iter__(self):
-        """Per part: (the line numbers of its ids, its ids in line order, the set of its done ids)."""
+        """Per part: (the line numbers of its ids, its ids in line order, and
+        of the other file: the set of its ids, or when keyed (their offsets,
+        the ids) in file order)."""
         if self.dir is None:
-            yield self.numbers[0], self.ids[0], set(self.done[0])
-            return
-        self._spill(now=True)
-        for k in range(self.count):
-            yield self._numbers(k), self._read("lines", k), set(self._read("done", k))
+            parts = [(self.numbers[0], self.ids[0], (self.offsets[0], self.done[0]))]
+        else:
+            self._spill(now=True)
+            parts = ((*self._read("lines", k), self._read("done", k)) for k in range(self.count))
+        for numbers, ids, other in parts:
+            yield numbers, ids, other if self.keyed else set(other[1])
+
+
+def ledger_blocks(path: Path, shape: Optional[re.Pattern] = None) -> Iterable[tuple]:
+    """(ids, offsets) of the whole lines of a JSON-lines ledger, a block at a
+    time. A block whose every line has `shape` is read with it; any other
+    line is checked whole (a one-line error names a damaged one)."""
+    try:
+        fh = open(path, "rb")
+    except FileNotFoundError:
+        return
+    with fh:
+        tail, start, number = b"", 0, 0
+        for read in iter(lambda: fh.read(READ_CHUNK * 16), b""):
+            block = tail + read
+            cut = block.rfind(b"\n") + 1
+            block, tail = block[:cut], block[cut:]
+            found = list(shape.finditer(block)) if shape else []
+            if shape and len(found) == block.count(b"\n") and utf8(block):
+                yield [m.group(1).decode("utf-8") for m in found], [start + m.start() for m in found]
+            else:
+                lines = block.splitlines(keepends=True)
+                at = list(itertools.accumulate((len(line) for line in lines[:-1]), initial=start))
+                yield [checked_record(path, n, line)["id"] for n, line in enumerate(lines, number + 1)], at
+            number += block.count(b"\n")
+            start += len(block)
+
+
+def utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def last_lines(ids_file: Path, index: Index, path: Path, state_dir: Path,
+               shape: Optional[re.Pattern] = None) -> array.array:
+    """For each line of the ids file: the offset in the ledger `path` of the
+    last line of its id (-1: none). Exact, with one part of the ids in
+    memory at a time, as built_index matches them."""
+    found = array.array("q", [-1]) * len(index.flags)
+    size = path.stat().st_size if path.is_file() else 0
+    if not size:
+        return found
+    with Parts(state_dir, max(1, (os.stat(ids_file).st_size + size) // INDEX_PART), keyed=True) as split:
+        for line, ids, _, _ in id_blocks(ids_file):
+            split.add_lines(line, ids)
+        for ids, offsets in ledger_blocks(path, shape):
+            split.add_done(ids, offsets)
+        for numbers, ids, (offsets, others) in split:
+            last = dict(zip(others, offsets))  # the last line of an id wins
+            for n, item_id in zip(numbers, ids):
+                found[n] = last.get(item_id, -1)
+    return found
 
 
 @dataclass
@@ -5144,6 +5208,7 @@ def state_counts(total: int, state: State) -> Counter:
 #: (no escapes in it), a url, a status, a time, and the line's end.
 RESULT_LINE = re.compile(r'^\{"id":"([^"\\\n]*)","url":"[^\n]*?","status":\d{3},"fetched_at":"[^"\n]*",[^\n]*\}$',
                          re.M)
+RESULT_SHAPE = re.compile(RESULT_LINE.pattern.encode(), re.M)  #: the same, over bytes (offsets are bytes')
 
 
 def result_ids(path: Path) -> list:
@@ -5187,38 +5252,51 @@ RESULT_FIELDS = ("id", "url", "status", "fetched_at", "confirmed_at", "final_url
 
 def export(args, state_dir: Path, out, err) -> ExitCode:
     """--export: the latest result of every done id, in input order (the
-    last line of an id wins), read from the state dir: no request, no lock."""
+    last line of an id wins), read from the state dir: no request, no lock.
+    The ids file is read through the state's index, and each id's last
+    result line found by a join on disk: the list is never held whole."""
     if args.export == "files" and args.out is None:
         raise RedriveError("--export files needs --out DIR, the folder to write one file per id into")
-    ids = [i for i in read_ids(args.ids_file)[0] if args.shard is None or in_shard(i, args.shard)]
-    done = set(read_done(state_dir, done_in_order) or ())
-    confirmed = {i: r["at"] for i, r in latest_records(state_dir / "refreshed.jsonl").items()
-                 if r.get("result") in ("unchanged", "changed")}  # a 304 or a 200 said the result is current
-    offsets, fetched, path = {}, {}, state_dir / "results.jsonl"
-    with open(path if path.is_file() else os.devnull, "rb") as fh:
-        for number, (offset, line) in enumerate(iter_lines(fh), 1):
-            record = checked_record(path, number, line)
-            offsets[record["id"]], fetched[record["id"]] = offset, (record["fetched_at"],)  # the last line wins
-        unavailable = latest_records(state_dir / "unavailable.jsonl")
-        done -= gone_upstream((i for i in unavailable if i in done), unavailable, fetched)
-        if args.export == "gone":  # what is unavailable now, with its reason, time and action
-            for item_id in (i for i in ids if i in unavailable and i not in done):
+    check_ids_file(args.ids_file)
+    known = state_dir.is_dir()  # else nothing was fetched: nothing to export
+    index = current_index(args.ids_file, state_dir, args.shard, keep=False) if known else Index(0, "", 0, 0, 0, "",
+                                                                                                 None, bytearray())
+    listing = Listing(args.ids_file, index.flags, *index.counts(), [])
+    unavailable = latest_records(state_dir / "unavailable.jsonl")
+    path = state_dir / "results.jsonl"
+    heads = result_heads(path, set(unavailable)) if unavailable else {}
+    gone = gone_upstream((i for i in unavailable if i in heads), unavailable, heads)
+    if args.export == "gone":  # what is unavailable now, with its reason, time and action
+        for n, item_id in listing.lines((PENDING, DONE)) if known else ():
+            if item_id in unavailable and (index.flags[n] == PENDING or item_id in gone):
                 out.write(json.dumps(unavailable[item_id], ensure_ascii=False) + "\n")
-            return ExitCode.OK
-        fields = [f for f in (args.fields or "id,status,fetched_at").split(",") if f]
-        unknown = [f for f in fields if f.split(".")[0] not in RESULT_FIELDS or "." in f and f.split(".")[0] != "body"]
-        if unknown:
-            raise RedriveError(f"--fields: no result has {unknown[0]!r}; the fields are {', '.join(RESULT_FIELDS)}, "
-                               "and body.PATH for a value inside the body (body.items.0.name)")
-        writer = csv.writer(out, lineterminator="\n") if args.export == "csv" else None
-        if writer:
-            writer.writerow(fields)
-        empty = set(f for f in fields if f.startswith("body."))  # paths no row has had a value at, so far
-        taken, written, renamed = set(), set(), []  #: names given, in lower case and as written; (id, file) renamed
-        for item_id in (i for i in ids if i in done and i in offsets):
-            fh.seek(offsets[item_id])
+        return ExitCode.OK
+    fields = [f for f in (args.fields or "id,status,fetched_at").split(",") if f]
+    unknown = [f for f in fields if f.split(".")[0] not in RESULT_FIELDS or "." in f and f.split(".")[0] != "body"]
+    if unknown:
+        raise RedriveError(f"--fields: no result has {unknown[0]!r}; the fields are {', '.join(RESULT_FIELDS)}, "
+                           "and body.PATH for a value inside the body (body.items.0.name)")
+    result_at = last_lines(args.ids_file, index, path, state_dir, RESULT_SHAPE)
+    refreshed = state_dir / "refreshed.jsonl"
+    refreshed_at = last_lines(args.ids_file, index, refreshed, state_dir)
+    writer = csv.writer(out, lineterminator="\n") if args.export == "csv" else None
+    if writer:
+        writer.writerow(fields)
+    empty = set(f for f in fields if f.startswith("body."))  # paths no row has had a value at, so far
+    taken, written, renamed = set(), set(), []  #: names given, in lower case and as written; (id, file) renamed
+    with open(path if path.is_file() else os.devnull, "rb") as fh, \
+            open(refreshed if refreshed.is_file() else os.devnull, "rb") as rh:
+        for n, item_id in listing.lines((DONE,)) if known else ():
+            if result_at[n] < 0 or item_id in gone:
+                continue
+            fh.seek(result_at[n])
             line = fh.readline()
-            at = max(fetched[item_id][0], confirmed.get(item_id, ""))  # the last 200 or 304 for it
+            at = fetched_at(line)
+            if refreshed_at[n] >= 0:
+                rh.seek(refreshed_at[n])
+                last = json.loads(rh.readline())
+                if last["result"] in ("unchanged", "changed"):  # a 304 or a 200 said the result is current
+                    at = max(at, last["at"])
             line = line[:line.rindex(b"}")] + b',"confirmed_at":' + json.dumps(at).encode() + b"}\n"
             if args.export == "jsonl":
                 out.write(line.decode("utf-8"))
@@ -5232,11 +5310,18 @@ def export(args, state_dir: Path, out, err) -> ExitCode:
                 write_file(args.out, name, body_bytes(json.loads(line)))
                 if name != quote(item_id, safe=""):
                     renamed.append(json.dumps({"id": item_id, "file": name}, ensure_ascii=False) + "\n")
-        if args.export == "files":
-            prune_export(args.out, written, renamed, err)
+    if args.export == "files":
+        prune_export(args.out, written, renamed, err)
     for name in sorted(empty) if writer else ():
         print(shown_text(f"redrive: warning: no exported result has a value at {name}; is the path right?"), file=err)
     return ExitCode.OK
+
+
+def fetched_at(line: bytes) -> str:
+    """The fetched_at of a results.jsonl line, read from its head (the body is not parsed)."""
+    cut = line.find(b',"body":')
+    head = json.loads(line[:cut] + b"}") if cut > 0 else json.loads(line)
+    return head["fetched_at"]
 
 
 def iter_lines(fh) -> Iterable[tuple]:

@@ -2123,6 +2123,27 @@ def test_export_a_body_path_no_row_has_is_a_warning_and_the_rest_is_written(serv
     assert "body.prize" in err.getvalue() and "body.price" not in err.getvalue()
 
 
+def test_export_of_a_state_larger_than_a_part_joins_on_disk_in_input_order_and_writes_nothing(tmp_path):
+    ids = [f"id{n:07d}" for n in range(120_000)]  # with the results, several parts of the join
+    order = ids[::-1]  # fetched in another order than the input's
+    sdir = tmp_path / "ids.redrive"
+    sdir.mkdir()
+    (sdir / "done.txt").write_text("".join(f"{i}\n" for i in order if not i.endswith("7")))
+    line = '{{"id":"{0}","url":"http://h/{0}","status":200,"fetched_at":"2026-12-01T00:00:00.000000Z","body":{1}}}\n'
+    with open(sdir / "results.jsonl", "w", encoding="utf-8") as fh:
+        fh.writelines(line.format(i, '{"v":1,"name":"café"}') for i in order if not i.endswith("7"))
+        fh.writelines(line.format(i, '{"v":2}') for i in order[::1000])  # later lines of the same ids win
+    ids_file = write_ids(tmp_path, ids)
+    before = sorted(p.name for p in sdir.iterdir())
+    out = io.StringIO()
+    assert redrive.main([str(ids_file), "--export", "jsonl"], out=out, err=io.StringIO(), environ={}) == 0
+    exported = [json.loads(line) for line in out.getvalue().splitlines()]
+    again = set(order[::1000])
+    assert [r["id"] for r in exported] == [i for i in ids if not i.endswith("7")]
+    assert all(r["body"] == ({"v": 2} if r["id"] in again else {"v": 1, "name": "café"}) for r in exported)
+    assert sorted(p.name for p in sdir.iterdir()) == before  # no index, no scratch: a reader writes nothing
+
+
 def test_export_names_the_real_line_of_a_bad_results_line(server, tmp_path):
     crawl(server, tmp_path, ["a", "b", "c"])
     results = tmp_path / "ids.redrive" / "results.jsonl"
