@@ -2544,8 +2544,9 @@ class Parts:
         self.done, self.offsets = [[] for _ in range(count)], [array.array("q") for _ in range(count)]
 
     def __enter__(self):
-        if self.count > 1:
-            self.dir = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=self.state_dir))
+        if self.count > 1:  # in the state dir; a dry run before the first has none yet: the system's
+            where = self.state_dir if self.state_dir.is_dir() else None
+            self.dir = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=where))
         return self
 
     def __exit__(self, *exc):
@@ -5874,11 +5875,13 @@ def demo_config(cfg: Config) -> tuple:
 
 
 def dry_run(cfg: Config, err, out) -> ExitCode:
-    """--dry-run: what a run would ask, with nothing sent and nothing written."""
-    ids, _, unique, redact = whole_list(cfg, err)
-    everyone = read_ids(cfg.ids_file)[0] if cfg.shard else ids
+    """--dry-run: what a run would ask, with nothing sent and nothing written.
+    It reads the list as a run does, through an index it does not keep."""
+    check_ids_file(cfg.ids_file)
+    redact = Redactor(cfg.secrets + tuple(secret_query_values(cfg.request.url, cfg.request.public)))
+    check_urls(cfg, (), redact)
     known = cfg.state_dir.is_dir()
-    state = load_state(cfg.state_dir, repair=False, undone=unique) if known else State(undone=unique)
+    state = load_state(cfg.state_dir, repair=False, done=False) if known else State()
     record = read_run_record(cfg.state_dir) if known else None
     done_file = cfg.state_dir / "done.txt"
     anything_done = done_file.exists() and done_file.stat().st_size > 0
@@ -5886,20 +5889,25 @@ def dry_run(cfg: Config, err, out) -> ExitCode:
     if note and not cfg.quiet:
         print(shown_text(f"redrive: {redact(note)}"), file=err)
     before = refresh_cutoff(cfg, record, time.time())[0]
-    flags = bytearray(PENDING if i in state.undone else DONE for i in ids)
-    listing = Listing(cfg.ids_file, flags, len(ids), 0, list(enumerate(ids)))
+    index = current_index(cfg.ids_file, cfg.state_dir, cfg.shard, keep=False)
+    if index.flags.count(NO_ID) == len(index.flags):
+        raise RedriveError(f"{cfg.ids_file}: no ids in it; put one id per line ('#' lines are comments)")
+    listing = listing_of(cfg.ids_file, index, state, before is not None)
+    check_listed(cfg, (i for _, i in listing.lines((PENDING,))) if cfg.request.url == "{id}" else (), redact, err)
     due = take_back_gone(state, listing, cfg.state_dir, before) if known else []
-    left = [i for n, i in enumerate(ids) if flags[n] == PENDING]
-    unavailable = sum(1 for i in left if i in state.unavailable and not wants_again(state.unavailable[i],
-                                                                                    cfg.retry_unavailable))
-    failed = sum(1 for i in left if i in state.failed and i not in state.unavailable)
-    shard = f" (shard {cfg.shard[0]}/{cfg.shard[1]} of {len(everyone)})" if cfg.shard else ""
-    print(f"redrive: dry run, nothing sent: {len(ids)} ids{shard}: {len(ids) - len(left)} done, {unavailable} "
-          f"unavailable, {failed} failed earlier, {len(left) - unavailable - failed} new" +
+    settled = lambda item_id: item_id in state.unavailable and not wants_again(state.unavailable[item_id],
+                                                                               cfg.retry_unavailable)
+    marked = [i for n, i in listing.marked if listing.flags[n] == PENDING]
+    unavailable = sum(map(settled, marked))
+    failed = sum(1 for i in marked if i in state.failed and i not in state.unavailable)
+    left = listing.pending()
+    everyone = listing.total + index.flags.count(OTHER_SHARD)
+    shard = f" (shard {cfg.shard[0]}/{cfg.shard[1]} of {everyone})" if cfg.shard else ""
+    print(f"redrive: dry run, nothing sent: {listing.total} ids{shard}: {listing.total - left} done, {unavailable} "
+          f"unavailable, {failed} failed earlier, {left - unavailable - failed} new" +
           (f", {len(due)} done to refresh (fetched before {before[:16]}Z)" if before else ""), file=out)
-    asked = [(i, None) for i in left if i not in state.unavailable or wants_again(state.unavailable[i],
-                                                                                 cfg.retry_unavailable)]
-    for item_id, prior in (asked + due)[:5]:
+    asked = ((i, None) for _, i in listing.lines((PENDING,)) if not settled(i))
+    for item_id, prior in itertools.islice(itertools.chain(asked, due), 5):
         shown = "(the demo's server)" if cfg.request.demo else redact(shown_url(cfg.request, item_id))
         conditional = "".join(f", {name}: {value}" for name, value in prior.headers()) if prior else ""
         print(shown_text(f"  {cfg.request.method} {shown}{conditional}"), file=out)
@@ -6057,19 +6065,6 @@ def refresh_view(before: Optional[str], due: int, tally: Tally, redact: Redactor
             "left": due - settled,
             "kept_ids": [{"id": redact(shown_id(r["id"])), "status": r["status"], "reason": r["reason"]}
                          for r in tally.kept]}
-
-
-def whole_list(cfg: Config, err) -> tuple:
-    """(ids of this run, in order (its shard's), repeated lines, their set,
-    the redactor of the run's secrets), the list read whole; a bad URL
-    raises, a key in the ids is warned of."""
-    ids, duplicates, unique = read_ids(cfg.ids_file)
-    if cfg.shard:
-        ids = [i for i in ids if in_shard(i, cfg.shard)]
-        unique = set(ids)
-    redact = Redactor(cfg.secrets + tuple(secret_query_values(cfg.request.url, cfg.request.public)))
-    check_listed(cfg, ids, redact, err)
-    return ids, duplicates, unique, redact
 
 
 def check_listed(cfg: Config, ids: Iterable[str], redact: Redactor, err) -> None:
