@@ -1698,25 +1698,6 @@ def check_ids_file(path: Path) -> None:
         raise RedriveError(f"{path}: cannot read it ({exc.strerror}); check the path and its permissions") from None
 
 
-def read_ids(path: Path) -> tuple:
-    """(unique ids in file order, number of duplicate lines, the set of them)
-    from IDS_FILE."""
-    check_ids_file(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise RedriveError(f"{path}: cannot read it ({exc.strerror}); check the path and its permissions") from None
-    if data.startswith(codecs.BOM_UTF8):
-        data = data[len(codecs.BOM_UTF8):]
-    lines = [i for i in block_ids(path, data, 0) if i]
-    del data
-    unique = set(lines)
-    if not unique:
-        raise RedriveError(f"{path}: no ids in it; put one id per line ('#' lines are comments)")
-    ids = lines if len(unique) == len(lines) else list(dict.fromkeys(lines))
-    return ids, len(lines) - len(unique), unique
-
-
 #: Characters other programs take for a line's end (str.splitlines does): never inside an id.
 LINE_BREAKS = re.compile("[\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
 
@@ -1901,8 +1882,7 @@ class RunLock:
 class State:
     """What the state dir says about each id, read at start."""
 
-    done: set = field(default_factory=set)  #: done ids: with undone, only those done in this run
-    undone: Optional[set] = None  #: for a run: the input ids with no done line at its start
+    done: set = field(default_factory=set)  #: ids done in this run that had an unavailable record, or no line
     failed: dict = field(default_factory=dict)  #: id -> latest failed record
     unavailable: dict = field(default_factory=dict)  #: id -> latest record
     repairs: list = field(default_factory=list)  #: warnings about what was mended
@@ -2181,24 +2161,15 @@ def checked_record(path: Path, number: int, line: bytes) -> dict:
     return record
 
 
-def load_state(state_dir: Path, repair: bool = True, undone: Optional[set] = None,
-               done: bool = True) -> State:
-    """Repair what a kill can leave (unless only looking), then read who is
-    done, failed and unavailable. With undone (the input ids, a set: a run's
-    way), that set is cut down to the ids with no done line and becomes
-    state.undone, and done starts empty: a run asks only about the ids it
-    has still to do, and a million done ids cost it nothing but the time to
-    read them. With done=False, done.txt is left for the caller to read."""
+def load_state(state_dir: Path, repair: bool = True) -> State:
+    """Repair what a kill can leave (unless only looking), then read who
+    failed and who is unavailable. Who is done is the index's to say (see
+    current_index): done.txt is never read into a set."""
     state = State()
     for name in STATE_FILES if repair else ():
         note = repair_torn_tail(state_dir / name)
         if note:
             state.repairs.append(note)
-    if undone is not None:
-        state.undone = undone
-        read_done(state_dir, lambda path: cut_done(path, undone))
-    elif done:
-        state.done = set(read_done(state_dir, done_in_order) or ())
     state.failed = latest_records(state_dir / "failed.jsonl")
     state.unavailable = latest_records(state_dir / "unavailable.jsonl")
     return state
@@ -2214,18 +2185,6 @@ def read_done(state_dir: Path, reader: Callable[[Path], Any]) -> Any:
         return None
     except (OSError, UnicodeDecodeError):
         raise RedriveError(f"{path}: not readable as redrive's UTF-8 id list; move it away") from None
-
-
-def done_in_order(path: Path) -> list:
-    """The ids of done.txt's complete lines, in the order they were written."""
-    data = path.read_bytes()
-    return data[:data.rfind(b"\n") + 1].decode("utf-8").split("\n")[:-1]
-
-
-def cut_done(path: Path, ids: set) -> None:
-    """Take the ids of done.txt's complete lines out of ids."""
-    for lines in done_lines(path):
-        ids.difference_update(lines)
 
 
 def done_lines(path: Path) -> Iterable[list]:
@@ -2291,7 +2250,7 @@ class Index:
 def id_blocks(path: Path, start: int = 0, line: int = 0, wanted: Optional[Callable] = None) -> Iterable[tuple]:
     """The ids file from byte `start` (a line's start, line number `line`),
     a block at a time: (the block's first line number; its lines, each an id
-    or '' for a blank or '#' line, as read_ids reads them; the offset the
+    or '' for a blank or '#' line; the offset the
     block ends at; whether it ends with LF). The last block is what follows
     the last LF. wanted(first, end): False skips decoding a block (lines None)."""
     with open(path, "rb") as fh:
@@ -2511,13 +2470,14 @@ def built_index(ids_file: Path, state_dir: Path, shard: Optional[tuple], done_to
                 flags.extend(bytes(map(bool, ids)).translate(UNSHARDED))
             else:
                 flags.extend(line_flag(i, shard) for i in ids)
-            split.add_lines(line, ids)
+            split.add("lines", ids, range(line, line + len(ids)))
             ids_bytes = end
             if ends_lf:
                 lf_bytes, lf_lines = end, len(flags)
         for lines in done_between(done_path, 0, done_to):
-            split.add_done(lines)
-        for numbers, ids, done in split:
+            split.add("done", lines)
+        for part in split:
+            (numbers, ids), done = part["lines"], set(part["done"][1])
             if len(set(ids)) < len(ids):  # some repeat: each line after an id's first
                 first = set()
                 for n, item_id in zip(numbers, ids):
@@ -2532,16 +2492,17 @@ def built_index(ids_file: Path, state_dir: Path, shard: Optional[tuple], done_to
 
 
 class Parts:
-    """The ids file's id lines, and the ids of another file (done.txt, or a
-    ledger with each line's offset: keyed), split into parts by the id's
-    hash: kept in memory when there is one part, else spilled to files of a
+    """Ids of several kinds (the ids file's lines, done.txt's ids, a ledger's
+    ids...), each with a number (its line, its offset) or none, split into
+    parts by the id's hash so that an id falls in the same part in every
+    kind: kept in memory when there is one part, else spilled to files of a
     scratch dir in the state dir, removed on the way out (and by the next
-    run, after a kill)."""
+    run, after a kill). Each part is then matched alone."""
 
-    def __init__(self, state_dir: Path, count: int, keyed: bool = False):
-        self.state_dir, self.count, self.keyed, self.dir, self.held = state_dir, count, keyed, None, 0
-        self.ids, self.numbers = [[] for _ in range(count)], [array.array("q") for _ in range(count)]
-        self.done, self.offsets = [[] for _ in range(count)], [array.array("q") for _ in range(count)]
+    def __init__(self, state_dir: Path, count: int, kinds: tuple = ("lines", "done")):
+        self.state_dir, self.count, self.kinds, self.dir, self.held = state_dir, count, kinds, None, 0
+        self.ids = {kind: [[] for _ in range(count)] for kind in kinds}
+        self.numbers = {kind: [array.array("q") for _ in range(count)] for kind in kinds}
 
     def __enter__(self):
         if self.count > 1:  # in the state dir; a dry run before the first has none yet: the system's
@@ -2553,35 +2514,29 @@ class Parts:
         if self.dir:
             shutil.rmtree(self.dir, ignore_errors=True)
 
-    def add_lines(self, line: int, ids: list) -> None:
-        count, parts, numbers = self.count, self.ids, self.numbers
-        for n, item_id in enumerate(ids, line):
-            if item_id:
-                k = hash(item_id) % count
-                parts[k].append(item_id)
-                numbers[k].append(n)
-        self.held += len(ids)
-        self._spill()
-
-    def add_done(self, ids: list, offsets: Iterable[int] = ()) -> None:
-        """The other file's ids; with their offsets, when keyed."""
-        count, done, at = self.count, self.done, self.offsets
-        if self.keyed:
-            for item_id, offset in zip(ids, offsets):
-                k = hash(item_id) % count
-                done[k].append(item_id)
-                at[k].append(offset)
-        else:
+    def add(self, kind: str, ids: list, numbers: Optional[Iterable[int]] = None) -> None:
+        """Ids of a kind, with their numbers (None: numbered from 0 up, not kept); blank ones are left out."""
+        count, parts = self.count, self.ids[kind]
+        if numbers is None:
             for item_id in ids:
-                done[hash(item_id) % count].append(item_id)
+                if item_id:
+                    parts[hash(item_id) % count].append(item_id)
+        else:
+            kept = self.numbers[kind]
+            for item_id, n in zip(ids, numbers):
+                if item_id:
+                    k = hash(item_id) % count
+                    parts[k].append(item_id)
+                    kept[k].append(n)
         self.held += len(ids)
         self._spill()
 
     def _spill(self, now: bool = False) -> None:
         if self.dir is None or (self.held < max(SPILL_LINES, 256 * self.count) and not now):  # few opens a part
             return
-        for k in range(self.count):
-            for kind, ids, numbers in (("lines", self.ids, self.numbers), ("done", self.done, self.offsets)):
+        for kind in self.kinds:
+            ids, numbers = self.ids[kind], self.numbers[kind]
+            for k in range(self.count):
                 if ids[k]:
                     with open(self.dir / f"{kind}.{k}", "ab") as fh:
                         fh.write(("\n".join(ids[k]) + "\n").encode("utf-8"))
@@ -2603,16 +2558,13 @@ class Parts:
             return numbers, []
 
     def __iter__(self):
-        """Per part: (the line numbers of its ids, its ids in line order, and
-        of the other file: the set of its ids, or when keyed (their offsets,
-        the ids) in file order)."""
+        """Per part: {kind: (its numbers, its ids)}, each kind in the order it was added."""
         if self.dir is None:
-            parts = [(self.numbers[0], self.ids[0], (self.offsets[0], self.done[0]))]
-        else:
-            self._spill(now=True)
-            parts = ((*self._read("lines", k), self._read("done", k)) for k in range(self.count))
-        for numbers, ids, other in parts:
-            yield numbers, ids, other if self.keyed else set(other[1])
+            yield {kind: (self.numbers[kind][0], self.ids[kind][0]) for kind in self.kinds}
+            return
+        self._spill(now=True)
+        for k in range(self.count):
+            yield {kind: self._read(kind, k) for kind in self.kinds}
 
 
 def ledger_blocks(path: Path, shape: Optional[re.Pattern] = None) -> Iterable[tuple]:
@@ -2657,12 +2609,13 @@ def last_lines(ids_file: Path, index: Index, path: Path, state_dir: Path,
     size = path.stat().st_size if path.is_file() else 0
     if not size:
         return found
-    with Parts(state_dir, max(1, (os.stat(ids_file).st_size + size) // INDEX_PART), keyed=True) as split:
+    with Parts(state_dir, max(1, (os.stat(ids_file).st_size + size) // INDEX_PART), ("lines", "ledger")) as split:
         for line, ids, _, _ in id_blocks(ids_file):
-            split.add_lines(line, ids)
+            split.add("lines", ids, range(line, line + len(ids)))
         for ids, offsets in ledger_blocks(path, shape):
-            split.add_done(ids, offsets)
-        for numbers, ids, (offsets, others) in split:
+            split.add("ledger", ids, offsets)
+        for part in split:
+            (numbers, ids), (offsets, others) = part["lines"], part["ledger"]
             last = dict(zip(others, offsets))  # the last line of an id wins
             for n, item_id in zip(numbers, ids):
                 found[n] = last.get(item_id, -1)
@@ -5064,35 +5017,35 @@ def stop_lines(tally: Tally, cfg: Config, redact: Redactor) -> list:
 def check(ids_file: Path, state_dir: Path, quiet: bool, out, shard: Optional[tuple] = None) -> ExitCode:
     """--check: reconcile IDS_FILE (the shard's ids, for a shard) with the state
     dir. No network, no writes: absence is only visible against the full
-    expected set, so here it is."""
-    ids, duplicates, undone = read_ids(ids_file)
-    if shard:
-        ids = [i for i in ids if in_shard(i, shard)]
-        undone = set(ids)
-    total, keyed = len(ids), keyed_ids_warning(sum(map(key_in_query, ids)))
-    del ids  # undone has them all: one list less at the peak
+    expected set, so here it is, read through an index it does not keep
+    and matched against the ledgers part by part on disk."""
+    check_ids_file(ids_file)
     torn = [name for name in STATE_FILES if has_torn_tail(state_dir / name)]
-    state = load_state(state_dir, repair=False, done=False)
-    strangers, no_result, no_done = reconcile(state_dir, state, undone)
+    state = load_state(state_dir, repair=False)
+    index = current_index(ids_file, state_dir, shard, keep=False)
+    listing = listing_of(ids_file, index, state, False)
+    take_back_gone(state, listing, state_dir, None)  # done, then found removed upstream by a refresh: unavailable
+    keyed, recorded = 0, set(state.failed) | set(state.unavailable)
+    for _, item_id in listing.lines((PENDING, DONE)):  # one pass: keys in URL ids, and the records' ids listed
+        keyed += key_in_query(item_id)
+        recorded.discard(item_id)
+    strangers, no_result, no_done = reconcile(ids_file, index, state_dir, recorded)
     problems = {"done ids without a result line": no_result, "result lines without a done line": no_done,
-                "torn last lines": torn}
-    listed = [i for i in state.unavailable if i not in state.undone and i not in strangers]
-    if listed:  # done, then found removed upstream by a refresh: unavailable now
-        state.undone |= gone_upstream(listed, state.unavailable, result_heads(state_dir / "results.jsonl", set(listed)))
-    counts = state_counts(total, state)
+                "torn last lines": (len(torn), torn)}
+    counts = state_counts(listing, state)
     of = f", shard {shard[0]}/{shard[1]}" if shard else ""
-    lines = [f"redrive check: {ids_file} ({total} ids{of}) against {state_dir}"]
-    if keyed:
-        lines.append(f"  warning: {keyed}")
+    lines = [f"redrive check: {ids_file} ({listing.total} ids{of}) against {state_dir}"]
+    if keyed_ids_warning(keyed):
+        lines.append(f"  warning: {keyed_ids_warning(keyed)}")
     lines += [f"  {label:<13}{counts[label]:>7}" for label in ("done", "unavailable", "failed", "pending")]
-    lines.append(f"  {'not in input':<13}{len(strangers):>7}  (ids in the state that {ids_file.name} does not list)")
-    lines += [f"  {label}: {len(found)} ({', '.join(shown_id(str(i)) for i in found[:5])}{', ...' if len(found) > 5 else ''})"
-              for label, found in problems.items() if found]
+    lines.append(f"  {'not in input':<13}{strangers:>7}  (ids in the state that {ids_file.name} does not list)")
+    lines += [f"  {label}: {count} ({', '.join(shown_id(str(i)) for i in first)}{', ...' if count > len(first) else ''})"
+              for label, (count, first) in problems.items() if count]
     before = unfinished_refresh(state_dir)
     if before:
         lines.append(f"  a refresh of the ids fetched before {before[:16]}Z is unfinished: rerun to go on with it")
     settled = counts["failed"] == counts["pending"] == 0 and not before
-    consistent = not any(problems.values())
+    consistent = not any(count for count, _ in problems.values())
     lines.append(("every id is settled" if settled else "some ids are not settled: rerun to continue") +
                  ("; the state is consistent" if consistent else "; the state needs repair: the next run does it"))
     code = ExitCode.OK if settled and consistent else ExitCode.INCOMPLETE
@@ -5107,57 +5060,44 @@ def unfinished_refresh(state_dir: Path) -> Optional[str]:
     return refresh.get("before") if isinstance(refresh, dict) and _when(refresh.get("before")) else None
 
 
-def reconcile(state_dir: Path, state: State, undone: set) -> tuple:
-    """(ids in the state that the input does not list, done ids without a
-    result line, result lines without a done line; both sorted), and
-    state.undone: undone (the input ids) less those with a done line.
-    redrive writes results.jsonl and done.txt in lockstep, a result line and
-    then its done line, so in a state it wrote both list the same ids in the
-    same order: one comparison, a block at a time, stands in for a second
-    set of a million ids and two subtractions. Set work is in C throughout."""
-    results = result_ids(state_dir / "results.jsonl")
-    recorded = itertools.chain(state.failed, state.unavailable, results)
-    strangers = set(itertools.filterfalse(undone.__contains__, recorded))
-    state.undone = undone
-    if read_done(state_dir, lambda path: in_lockstep(path, results)):
-        undone.difference_update(results)
-        return strangers, [], []
-    results = set(results)
-    apart = read_done(state_dir, lambda path: unpaired(path, results, undone, strangers))
-    return (strangers, *apart) if apart else (strangers, [], sorted(results))
+#: The ids --check names of each kind of inconsistency, the smallest first.
+NAMED = 5
 
 
-def in_lockstep(path: Path, results: list) -> bool:
-    """Whether done.txt's complete lines are the ids of results, in order.
-    A block at a time: done's million strings never sit in memory at once."""
-    at = 0
-    for lines in done_lines(path):
-        if lines != results[at:at + len(lines)]:
-            return False
-        at += len(lines)
-    return at == len(results)
-
-
-def unpaired(path: Path, results: set, undone: set, strangers: set) -> tuple:
-    """done.txt against results out of lockstep: (done ids without a result
-    line, result ids without a done line; both sorted). Adds done's ids that
-    the input (undone, still whole) does not list to strangers, then takes
-    every done id out of undone."""
-    no_result, no_done = set(), set(results)
-    for lines in done_lines(path):
-        strangers.update(itertools.filterfalse(undone.__contains__, lines))
-        no_result.update(itertools.filterfalse(results.__contains__, lines))
-        no_done.difference_update(lines)
-    cut_done(path, undone)
-    return sorted(no_result), sorted(no_done)
+def reconcile(ids_file: Path, index: Index, state_dir: Path, recorded: set) -> tuple:
+    """(how many ids of the state the input does not list; (how many, and
+    the NAMED smallest) done ids without a result line; the same of result
+    lines without a done line). recorded: the failed and unavailable ids the
+    input does not list. The input's ids, done.txt's and results.jsonl's
+    are matched part by part, as built_index matches them."""
+    done_path, results = state_dir / "done.txt", state_dir / "results.jsonl"
+    size = sum(p.stat().st_size for p in (ids_file, done_path, results) if p.is_file())
+    strangers, no_result, no_done = 0, [0, []], [0, []]
+    with Parts(state_dir, max(1, size // INDEX_PART), ("lines", "done", "results", "recorded")) as split:
+        flags = index.flags
+        for line, ids, _, _ in id_blocks(ids_file):
+            split.add("lines", [i for n, i in enumerate(ids, line) if flags[n] in (PENDING, DONE)])
+        for lines in done_between(done_path, 0, done_end(done_path)):
+            split.add("done", lines)
+        for ids, _ in ledger_blocks(results, RESULT_SHAPE):
+            split.add("results", ids)
+        split.add("recorded", list(recorded))
+        for part in split:
+            listed, done, fetched = (set(part[kind][1]) for kind in ("lines", "done", "results"))
+            strangers += len((done | fetched | set(part["recorded"][1])) - listed)
+            for found, ids in ((no_result, done - fetched), (no_done, fetched - done)):
+                found[0] += len(ids)
+                found[1] = heapq.nsmallest(NAMED, itertools.chain(found[1], ids))
+    return strangers, tuple(no_result), tuple(no_done)
 
 
 def cover(ids_file: Path, state_dirs: list, out) -> ExitCode:
     """--cover: do the state dirs of all N shards together settle the list?
     Each dir's run.json names its shard; no shard may be missing or twice,
-    and no id done in two dirs. No network, no writes; exit 0 when covered."""
-    ids = read_ids(ids_file)[0]
-    shards, done_in, problems = {}, {}, []
+    and no id done in a dir other than its shard's. No network, no writes;
+    exit 0 when covered. Each dir is read through an index it does not keep."""
+    check_ids_file(ids_file)
+    shards, problems = {}, []
     for state_dir in state_dirs:
         if not state_dir.is_dir():
             raise RedriveError(f"{state_dir}: no such folder; give the state dirs of the shards (a shard's run "
@@ -5169,78 +5109,52 @@ def cover(ids_file: Path, state_dirs: list, out) -> ExitCode:
         if shard in shards:
             problems.append(f"shard {shard[0]}/{shard[1]} twice: {shards[shard]} and {state_dir}")
         shards[shard] = state_dir
-        for item_id in read_done(state_dir, done_in_order) or ():
-            if item_id in done_in:
-                problems.append(f"{shown_id(item_id)!r} done in {done_in[item_id]} and in {state_dir}")
-            done_in[item_id] = state_dir
+        for lines in read_done(state_dir, lambda p: done_between(p, 0, done_end(p))) or ():
+            elsewhere = (i for i in lines if not in_shard(i, shard))
+            problems += [f"{shown_id(i)!r} done in {state_dir}, which is not the dir of its shard"
+                         for i in itertools.islice(elsewhere, max(0, 20 - len(problems)))]
     n = max(s[1] for s in shards)
     missing_shards = [f"{k}/{n}" for k in range(1, n + 1) if (k, n) not in shards]
     if any(s[1] != n for s in shards):
         problems.append("the dirs are of shards of different N: " + ", ".join(f"{k}/{m}" for k, m in shards))
-    unsettled = []
-    for (k, m), state_dir in shards.items():
-        mine = {i for i in ids if in_shard(i, (k, m))}
-        state = load_state(state_dir, repair=False, undone=mine)
-        unsettled += [i for i in ids if i in state.undone and i not in state.unavailable]
-    lines = [f"redrive cover: {ids_file} ({len(ids)} ids) against {len(shards)} of {n} shards"]
+    unsettled, named, everyone = 0, [], 0
+    for shard, state_dir in shards.items():
+        state = load_state(state_dir, repair=False)
+        index = current_index(ids_file, state_dir, shard, keep=False)
+        listing = listing_of(ids_file, index, state, False)
+        take_back_gone(state, listing, state_dir, None)
+        counts = state_counts(listing, state)
+        unsettled += counts["failed"] + counts["pending"]
+        everyone = listing.total + index.flags.count(OTHER_SHARD)
+        more = (i for _, i in listing.lines((PENDING,)) if i not in state.unavailable)
+        named += itertools.islice(more, 10 - len(named))
+    lines = [f"redrive cover: {ids_file} ({everyone} ids) against {len(shards)} of {n} shards"]
     lines += [f"  shards missing: {', '.join(missing_shards)}"] if missing_shards else []
     lines += [f"  {problem}" for problem in problems[:20]]
     if unsettled:
-        shown = ", ".join(shown_id(i) for i in unsettled[:10])
-        lines.append(f"  {len(unsettled)} ids not settled yet: {shown}{', ...' if len(unsettled) > 10 else ''}")
+        shown = ", ".join(shown_id(i) for i in named)
+        lines.append(f"  {unsettled} ids not settled yet: {shown}{', ...' if unsettled > len(named) else ''}")
     covered = not (missing_shards or problems or unsettled)
     lines.append("every id is settled in its shard, and in no other" if covered else "the shards do not cover the list")
     print("\n".join(map(shown_text, lines)), file=out)
     return ExitCode.OK if covered else ExitCode.INCOMPLETE
 
 
-def state_counts(total: int, state: State) -> Counter:
-    """How many input ids are done, unavailable, failed and pending (in that
-    order of precedence), from the small records and the size of undone (the
-    input ids with no done line)."""
-    counts = Counter(done=total - len(state.undone))
-    counts["unavailable"] = sum(1 for i in state.unavailable if i in state.undone)
-    counts["failed"] = sum(1 for i in state.failed if i in state.undone and i not in state.unavailable)
-    counts["pending"] = total - counts["done"] - counts["unavailable"] - counts["failed"]
+def state_counts(listing: Listing, state: State) -> Counter:
+    """done, unavailable, failed and pending, each id counted once (in that
+    order of precedence), from the index's flags and the ids with a record."""
+    marked = [i for n, i in listing.marked if listing.flags[n] == PENDING]
+    counts = Counter(done=listing.total - listing.pending())
+    counts["unavailable"] = sum(1 for i in marked if i in state.unavailable)
+    counts["failed"] = sum(1 for i in marked if i in state.failed and i not in state.unavailable)
+    counts["pending"] = listing.pending() - counts["unavailable"] - counts["failed"]
     return counts
 
 
 #: A results line as redrive writes it, read without a JSON parse: the id
 #: (no escapes in it), a url, a status, a time, and the line's end.
-RESULT_LINE = re.compile(r'^\{"id":"([^"\\\n]*)","url":"[^\n]*?","status":\d{3},"fetched_at":"[^"\n]*",[^\n]*\}$',
-                         re.M)
-RESULT_SHAPE = re.compile(RESULT_LINE.pattern.encode(), re.M)  #: the same, over bytes (offsets are bytes')
-
-
-def result_ids(path: Path) -> list:
-    """The ids of every complete line of results.jsonl, in file order. A
-    block whose every line has the shape redrive writes is read with one
-    regular expression; any other block goes line by line through
-    read_records' full check."""
-    ids, number = [], 0
-    try:
-        fh = open(path, "rb")
-    except FileNotFoundError:
-        return ids
-    with fh:
-        tail = b""
-        for block in iter(lambda: fh.read(READ_CHUNK * 16), b""):
-            block = tail + block
-            cut = block.rfind(b"\n") + 1
-            block, tail = block[:cut], block[cut:]
-            text = block.decode("utf-8", "replace")
-            found = RESULT_LINE.findall(text)
-            if len(found) != block.count(b"\n") or "\ufffd" in text:
-                found = [record["id"] for record in records_of(path, block, number)]
-            number += block.count(b"\n")
-            ids += found
-    return ids
-
-
-def records_of(path: Path, block: bytes, first: int) -> Iterable[dict]:
-    """The records of a block of whole lines (after line `first` of path), each checked as a whole."""
-    for number, line in enumerate(block.splitlines(keepends=True), first + 1):
-        yield checked_record(path, number, line)
+RESULT_SHAPE = re.compile(rb'^\{"id":"([^"\\\n]*)","url":"[^\n]*?","status":\d{3},"fetched_at":"[^"\n]*",[^\n]*\}$',
+                          re.M)
 
 
 # ------------------------------------------------------------------ export
@@ -5881,7 +5795,7 @@ def dry_run(cfg: Config, err, out) -> ExitCode:
     redact = Redactor(cfg.secrets + tuple(secret_query_values(cfg.request.url, cfg.request.public)))
     check_urls(cfg, (), redact)
     known = cfg.state_dir.is_dir()
-    state = load_state(cfg.state_dir, repair=False, done=False) if known else State()
+    state = load_state(cfg.state_dir, repair=False) if known else State()
     record = read_run_record(cfg.state_dir) if known else None
     done_file = cfg.state_dir / "done.txt"
     anything_done = done_file.exists() and done_file.stat().st_size > 0
@@ -6021,7 +5935,7 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
     prepare_state_dir(cfg.state_dir)
     with RunLock(cfg.state_dir, fx.wallclock):
         record = read_run_record(cfg.state_dir)
-        state = load_state(cfg.state_dir, done=False)
+        state = load_state(cfg.state_dir)
         ledger = Ledger(cfg.state_dir, cfg.fsync, fx.clock, fx.fsync)
         try:
             complete_lost_done(state, ledger)  # before the index is brought up to date: it reads that done line
