@@ -697,7 +697,8 @@ def rate_limited(folder, count, opt):
 def resume(folder, count, opt, left=10):
     """A state of `count` ids with all but `left` done, as an earlier release left it (no done.index):
     the resume that reads it, then the nights after: nothing changed, 10 ids appended, and 1% of the
-    lines removed and 1% added in the middle. Wall and peak memory of each run, and of --check."""
+    lines removed and 1% added in the middle. Wall and peak memory of each run, and of the readers of
+    the state after them: --check, --export jsonl, --dry-run, --dry-run --refresh."""
     proc, base = start_server(0.0)
     rows = []
     try:
@@ -727,8 +728,12 @@ def resume(folder, count, opt, left=10):
             sent, _ = sent_and_throttled(server_stats(base), before)
             rows.append((what, f"{run.wall:.2f} s, {run.rss:.0f} MB, {sent} requests of {wanted} (exit {run.code})"))
             show_error(run)
-        check = measured([sys.executable, str(REDRIVE[0]), str(ids), "--check"])
-        rows.append(("--check over the last state", f"{check.wall:.2f} s, {check.rss:.0f} MB (exit {check.code})"))
+        for reader in (["--check"], ["--export", "jsonl"], ["--dry-run"], ["--dry-run", "--refresh"]):
+            run = measured(redrive_cmd(ids, base, *reader) if "--dry-run" in reader else
+                           [sys.executable, str(REDRIVE[0]), str(ids), *reader])
+            rows.append((f"{' '.join(reader)} over the last state", f"{run.wall:.2f} s, {run.rss:.0f} MB "
+                         f"(exit {run.code})"))
+            show_error(run)
     finally:
         proc.terminate()
     table(f"resume: {count} ids, {count - left} already done: wall, peak memory, requests "
