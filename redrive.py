@@ -2208,9 +2208,10 @@ def done_lines(path: Path) -> Iterable[list]:
 #: a blank or '#' line, an id of another shard.
 PENDING, DONE, REPEAT, NO_ID, OTHER_SHARD = range(5)
 
-#: A run's own flag, in memory only: a PENDING line whose id the run has taken
-#: in hand (on the schedule, or settled before it as unavailable).
-FED = OTHER_SHARD + 1
+#: A run's own flags, in memory only: a PENDING line whose id the run has taken
+#: in hand (on the schedule, or settled before it as unavailable); a DONE line
+#: a refresh asks again, until it is taken in hand (then DONE again).
+FED, DUE = OTHER_SHARD + 1, OTHER_SHARD + 2
 
 #: The index file, and the prefix of the scratch dirs a rebuild makes in the state dir.
 INDEX_FILE, SCRATCH_PREFIX = "done.index", ".index-"
@@ -2600,12 +2601,12 @@ def utf8(data: bytes) -> bool:
     return True
 
 
-def last_lines(ids_file: Path, index: Index, path: Path, state_dir: Path,
+def last_lines(ids_file: Path, lines: int, path: Path, state_dir: Path,
                shape: Optional[re.Pattern] = None) -> array.array:
     """For each line of the ids file: the offset in the ledger `path` of the
     last line of its id (-1: none). Exact, with one part of the ids in
     memory at a time, as built_index matches them."""
-    found = array.array("q", [-1]) * len(index.flags)
+    found = array.array("q", [-1]) * lines
     size = path.stat().st_size if path.is_file() else 0
     if not size:
         return found
@@ -2628,7 +2629,7 @@ class Listing:
     in memory, which the run changes as it goes (FED, DONE; never written
     back). marked: (line, id) of the lines a run must look at before it
     starts, in file order: PENDING ids with a failed or unavailable record,
-    and DONE ids a refresh asks again or that have an unavailable record.
+    and DONE ids with an unavailable record (or, for a refresh, a failed one).
     The rest of the PENDING ids are read as they are wanted (Feed)."""
 
     ids_file: Path
@@ -2682,8 +2683,8 @@ def listing_of(ids_file: Path, index: Index, state: State, refresh: bool) -> Lis
     total, duplicates = index.counts()
     listing = Listing(ids_file, index.flags, total, duplicates, [])
     recorded = lambda item_id: item_id in state.failed or item_id in state.unavailable
-    if refresh or state.unavailable:
-        wanted, keep = (PENDING, DONE), (lambda item_id: True) if refresh else state.unavailable.__contains__
+    if state.unavailable or refresh and state.failed:  # a done id may be gone upstream, or failed its refresh
+        wanted, keep = (PENDING, DONE), recorded if refresh else state.unavailable.__contains__
     elif state.failed:
         wanted, keep = (PENDING,), None
     else:
@@ -2693,24 +2694,17 @@ def listing_of(ids_file: Path, index: Index, state: State, refresh: bool) -> Lis
     return listing
 
 
-def take_back_gone(state: State, listing: "Listing", state_dir: Path, before: Optional[str]) -> list:
+def take_back_gone(state: State, listing: "Listing", state_dir: Path) -> None:
     """Done ids whose unavailable record is newer than their last result
     were found removed upstream by a refresh: they go back among the ids not
-    done (their lines PENDING again; state.gone). Returns the refresh's (id,
-    Prior) due before `before` (none without a refresh). Only then, or when
-    some done id has an unavailable record, is results.jsonl read."""
-    done = [(n, i) for n, i in listing.marked if listing.flags[n] == DONE]
-    candidates = [(n, i) for n, i in done if i in state.unavailable]
-    wanted = {i for _, i in done} if before else {i for _, i in candidates}
-    heads = result_heads(state_dir / "results.jsonl", wanted) if wanted else {}
+    done (their lines PENDING again; state.gone). Only when some done id has
+    an unavailable record is results.jsonl read."""
+    candidates = [(n, i) for n, i in listing.marked if listing.flags[n] == DONE and i in state.unavailable]
+    heads = result_heads(state_dir / "results.jsonl", {i for _, i in candidates}) if candidates else {}
     state.gone = gone_upstream([i for _, i in candidates], state.unavailable, heads)
     for n, item_id in candidates:
         if item_id in state.gone:
             listing.flags[n] = PENDING
-    if not before:
-        return []
-    refreshed = latest_records(state_dir / "refreshed.jsonl")
-    return refresh_due([i for _, i in done if i not in state.gone], heads, refreshed, before)
 
 
 def listed_done(state_dir: Path, item_id: str) -> bool:
@@ -2960,19 +2954,25 @@ def result_heads(path: Path, wanted: set) -> dict:
             plain = RESULT_ID.match(line)
             if plain and plain.group(1).decode("utf-8", "replace") not in wanted:
                 continue
-            cut, head = line.find(b',"body":'), None
-            if cut > 0 and line.endswith(b"}\n"):
-                try:
-                    head = json.loads(line[:cut] + b"}")
-                except (ValueError, RecursionError):
-                    pass
-            digest = body_digest(line[cut + 8:-2].decode("utf-8", "replace")) if head is not None else None
-            if head is None or record_problem("results.jsonl", head):
-                head = checked_record(path, number, line)
-            if head["id"] in wanted:
-                stored = (head.get("etag"), head.get("last_modified"))
-                heads[head["id"]] = (head["fetched_at"], Prior(*stored, digest, stored))
+            item_id, head = result_head(path, number, line)
+            if item_id in wanted:
+                heads[item_id] = head
     return heads
+
+
+def result_head(path: Path, number: int, line: bytes) -> tuple:
+    """(id, (fetched_at, Prior)) of line `number` of results.jsonl, its body not parsed (see result_heads)."""
+    cut, head = line.find(b',"body":'), None
+    if cut > 0 and line.endswith(b"}\n"):
+        try:
+            head = json.loads(line[:cut] + b"}")
+        except (ValueError, RecursionError):
+            pass
+    digest = body_digest(line[cut + 8:-2].decode("utf-8", "replace")) if head is not None else None
+    if head is None or record_problem("results.jsonl", head):
+        head = checked_record(path, number, line)
+    stored = (head.get("etag"), head.get("last_modified"))
+    return head["id"], (head["fetched_at"], Prior(*stored, digest, stored))
 
 
 def gone_upstream(candidates: Iterable, unavailable: dict, heads: dict) -> set:
@@ -2982,24 +2982,59 @@ def gone_upstream(candidates: Iterable, unavailable: dict, heads: dict) -> set:
     return {i for i in candidates if i in heads and unavailable[i]["at"] > heads[i][0]}
 
 
-def refresh_due(done: list, heads: dict, refreshed: dict, before: str) -> list:
-    """(id, Prior) of each done id neither fetched nor asked by a refresh
-    since `before`, in the order of `done`. A refresh's last answer that the
+def refresh_due(head: tuple, last: Optional[dict], before: str) -> Optional[Prior]:
+    """The Prior of a done id (head: its last result's (fetched_at, Prior);
+    last: its last refreshed record) if it was neither fetched nor asked by a
+    refresh since `before`, else None. A refresh's last answer that the
     result was unchanged moves the fetch time on, and may bring new validators."""
-    due = []
-    for item_id in done:
-        if item_id not in heads:
-            continue  # a done line without a result: --check names it; nothing to refresh
-        fetched, prior = heads[item_id]
-        last = refreshed.get(item_id)
-        if last is not None and last["at"] > fetched:
-            fetched = last["at"]
-            if last["result"] == "unchanged":
-                prior = prior._replace(etag=last.get("etag", prior.etag),
-                                       last_modified=last.get("last_modified", prior.last_modified))
-        if fetched < before:
-            due.append((item_id, prior))
-    return due
+    fetched, prior = head
+    if last is not None and last["at"] > fetched:
+        fetched = last["at"]
+        if last["result"] == "unchanged":
+            prior = prior._replace(etag=last.get("etag", prior.etag),
+                                   last_modified=last.get("last_modified", prior.last_modified))
+    return prior if fetched < before else None
+
+
+class Refresh:
+    """A refresh of the done ids of a Listing: each line's id's last result
+    line and last refreshed line are found by a join on disk (two offsets a
+    line), and read back as they are wanted. mark() flags the lines due
+    (DUE, in memory); prior(n) is line n's Prior."""
+
+    def __init__(self, listing: "Listing", state_dir: Path, before: str):
+        self.before, self.flags = before, listing.flags
+        self.results, self.refreshed = state_dir / "results.jsonl", state_dir / "refreshed.jsonl"
+        lines = len(listing.flags)
+        self.result_at = last_lines(listing.ids_file, lines, self.results, state_dir, RESULT_SHAPE)
+        self.refreshed_at = last_lines(listing.ids_file, lines, self.refreshed, state_dir)
+        self.fh = open(self.results if self.results.is_file() else os.devnull, "rb")
+        self.rh = open(self.refreshed if self.refreshed.is_file() else os.devnull, "rb")
+        self.count = 0  #: the lines due
+
+    def prior(self, n: int) -> Optional[Prior]:
+        """Line n's Prior if its id is due (see refresh_due); None if not, or with no result line."""
+        if self.result_at[n] < 0:
+            return None  # a done line without a result: --check names it; nothing to refresh
+        self.fh.seek(self.result_at[n])
+        head = result_head(self.results, 0, self.fh.readline())[1]
+        last = None
+        if self.refreshed_at[n] >= 0:
+            self.rh.seek(self.refreshed_at[n])
+            last = json.loads(self.rh.readline())  # checked whole when it was joined
+        return refresh_due(head, last, self.before)
+
+    def mark(self) -> None:
+        """Flag each DONE line whose id is due DUE."""
+        flags, n = self.flags, self.flags.find(DONE)
+        while n >= 0:
+            if self.prior(n) is not None:
+                flags[n], self.count = DUE, self.count + 1
+            n = flags.find(DONE, n + 1)
+
+    def close(self) -> None:
+        self.fh.close()
+        self.rh.close()
 
 
 def write_atomically(path: Path, text: str, data: bytes = b"") -> None:
@@ -3817,6 +3852,8 @@ class Tally:
     throttled: Optional[dict] = None  #: a host took nothing for longer than --max-backoff: host, since
     refresh: Counter = field(default_factory=Counter)  #: refreshed ids by result (see REFRESH_RESULTS)
     kept: list = field(default_factory=list)  #: the refreshed.jsonl records of ids whose refresh failed
+    asked_again: set = field(default_factory=set)  #: ids a refresh asked that failed a pass (failed.jsonl compacts)
+    gone: list = field(default_factory=list)  #: (line, id) of the ids a refresh found removed upstream
     answers: Counter = field(default_factory=Counter)  #: answers by status class (2xx ... 5xx, or "none")
     refusals: int = 0  #: throttles: 429, 503 and answers that said they were a rate limit
 
@@ -3839,30 +3876,40 @@ LOOKAHEAD, LOOKAHEAD_MOST = 10_000, 1_000_000
 
 
 class Feed:
-    """Pass one's untried ids, read from the ids file as the schedule wants
-    them: the PENDING lines of the run's index in file order, each FED as it
-    is read. Only the block of the file being read is held."""
+    """Pass one's untried ids, then the ids a refresh asks again, read from
+    the ids file as the schedule wants them: the PENDING lines of the run's
+    index in file order, then its DUE lines, each FED (DONE) as it is read.
+    Only the block of the file being read is held."""
 
-    def __init__(self, listing: Listing):
-        flags = self.flags = listing.flags
-        self.left = listing.pending()
-        self.blocks = id_blocks(listing.ids_file, 0, 0, lambda first, end: flags.find(PENDING, first, end) >= 0)
+    def __init__(self, listing: Listing, refresh: Optional["Refresh"] = None):
+        self.ids_file, self.flags, self.refresh = listing.ids_file, listing.flags, refresh
+        self.left = listing.pending() + (self.flags.count(DUE) if refresh else 0)
+        self.sweeps = [PENDING, DUE] if refresh else [PENDING]
+        self._sweep()
+
+    def _sweep(self) -> None:
+        flags, flag = self.flags, self.sweeps.pop(0)
+        self.flag = flag
+        self.blocks = id_blocks(self.ids_file, 0, 0, lambda first, end: flags.find(flag, first, end) >= 0)
         self.first, self.ids, self.at = 0, [], 0  #: the block being read: its first line, its lines, the next
 
     def take(self, count: int) -> list:
-        """Up to `count` (line, id) of the next untried ids."""
+        """Up to `count` (line, id, Prior or None) of the next ids."""
         taken, flags = [], self.flags
         while len(taken) < count and self.left:
-            n = flags.find(PENDING, self.first + self.at, self.first + len(self.ids))
+            n = flags.find(self.flag, self.first + self.at, self.first + len(self.ids))
             if n < 0:
                 block = next(self.blocks, None)
-                if block is None:
+                if block is not None:
+                    self.first, self.ids, self.at = block[0], block[1] or [], 0
+                elif self.sweeps:
+                    self._sweep()
+                else:
                     self.left = 0  # the file was cut short since the index: what is left is not there
-                    break
-                self.first, self.ids, self.at = block[0], block[1] or [], 0
                 continue
-            flags[n], self.at = FED, n - self.first + 1
-            taken.append((n, self.ids[n - self.first]))
+            refreshed = self.flag == DUE  # done still, whatever its refresh finds (a gone id is its own record)
+            flags[n], self.at = DONE if refreshed else FED, n - self.first + 1
+            taken.append((n, self.ids[n - self.first], self.refresh.prior(n) if refreshed else None))
             self.left -= 1
         return taken
 
@@ -3895,24 +3942,25 @@ class Schedule:
         else:
             heapq.heappush(self.heap, (ready_at, next(self.seq), item))
 
-    def add_untried(self, line: int, item_id: str) -> None:
-        """An id of pass one, never tried, due now: it waits in its host's
-        queue as its line and text alone, and becomes an Item when it is taken."""
+    def add_untried(self, line: int, item_id: str, prior: Optional[Prior] = None) -> None:
+        """An id of pass one, never tried, or of a refresh (with its Prior),
+        due now: it waits in its host's queue as a tuple, and becomes an Item
+        when it is taken."""
         name = self.fixed_host or host_of(self.cfg.request.url, item_id)
         host = self.hosts.get(name)
         if host is None:
             host = self.hosts[name] = Host(cap=self.cfg.per_host or self.cfg.concurrency, longest=self.cfg.max_backoff)
         if not host.ready:
             self.active.append(name)
-        host.ready.append((line, item_id))
+        host.ready.append((line, item_id, prior))
         self.untried += 1
 
     def read_on(self, most: Optional[int] = None) -> None:
         """Hold up to `most` (LOOKAHEAD) untried ids, read on from the feed."""
         most = LOOKAHEAD if most is None else most
         if self.feed is not None and self.untried < most:
-            for line, item_id in self.feed.take(most - self.untried):
-                self.add_untried(line, item_id)
+            for line, item_id, prior in self.feed.take(most - self.untried):
+                self.add_untried(line, item_id, prior)
 
     def pending(self) -> int:
         held = sum(len(self.hosts[name].ready) for name in self.active)
@@ -3967,8 +4015,8 @@ class Schedule:
         if host is None:
             return None
         item = host.ready.popleft() if host.down_since is None else self._probe(host)
-        if isinstance(item, tuple):  # an untried id waits as its line and text alone (see add_untried)
-            item = Item(item[1], host=self.active[-1], line=item[0])
+        if isinstance(item, tuple):  # an untried id waits as a tuple (see add_untried)
+            item = Item(item[1], host=self.active[-1], line=item[0], prior=item[2], listed=item[2] is not None)
             self.untried -= 1
         if not host.ready:
             self.active.pop()  # the host _open_host left last: no scan of a million hosts
@@ -4127,6 +4175,8 @@ class Books:
             record["due"] = iso(at + step.wait)
         self.ledger.record("failed.jsonl", record)
         self.state.failed[item.id] = record
+        if item.prior is not None:
+            self.tally.asked_again.add(item.id)
         if step.move is Move.GIVE_UP:
             self.unavailable(item, out)
         elif item.prior is None:  # a refresh's passes are its own line of the summary
@@ -4150,6 +4200,7 @@ class Books:
             self.tally.count(item.pass_no, "unavailable")
         else:
             self.counts["done"] -= 1
+            self.tally.gone.append((item.line, item.id))
             self.note_refresh(item, {"id": item.id, "at": record["at"], "result": "gone", "status": out.status})
 
 
@@ -4629,16 +4680,23 @@ class Batch:
         return mine
 
 
-def plan(listing: Listing, state: State, cfg: Config, batch: Batch, ledger: Ledger, fx: Effects) -> None:
-    """Put every unsettled id on the schedule at the pass it reached: those
-    with a record now, the untried ones as the schedule reads them from the
-    file (Feed). Each is FED in the listing's flags."""
+def plan(listing: Listing, state: State, cfg: Config, batch: Batch, ledger: Ledger, fx: Effects,
+         refresh: Optional[Refresh] = None) -> None:
+    """Put every unsettled id on the schedule at the pass it reached, and
+    each done id a refresh asks again: those with a record now, the rest as
+    the schedule reads them from the file (Feed). Each is FED in the
+    listing's flags."""
     now, wall, flags = fx.clock(), fx.wallclock(), listing.flags
     settler = batch.settler
     settler.counts["done"] = listing.total - listing.pending()
     state.lines = flags
+    if refresh is not None:
+        refresh.mark()
+        settler.refresh_due = refresh.count
     ahead = False
     for n, item_id in listing.marked:
+        if flags[n] == DUE:
+            plan_refresh(n, item_id, refresh, state, cfg, batch, fx)
         if flags[n] != PENDING:
             continue
         flags[n] = FED
@@ -4661,27 +4719,31 @@ def plan(listing: Listing, state: State, cfg: Config, batch: Batch, ledger: Ledg
         else:
             settler.schedule(Item(item_id, last["pass"] + 1, timed_out=record_cause(last) is Cause.TIMEOUT,
                                   listed=listed, line=n), now + step.wait)
-    batch.timeline.feed = Feed(listing)
+    batch.timeline.feed = Feed(listing, refresh)
     batch.timeline.read_on()
 
 
-def plan_refresh(due: list, before: str, state: State, cfg: Config, batch: Batch, fx: Effects) -> None:
-    """Put each done id due for a refresh on the schedule, at the pass its
-    refresh reached (a failure since the cut-off is this refresh's)."""
-    now, wall, settler = fx.clock(), fx.wallclock(), batch.settler
-    settler.refresh_due = len(due)
-    for item_id, prior in due:
-        last = state.failed.get(item_id)
-        last = last if last and last["at"] >= before else None
-        step = resume_step(last, cfg, wall) if last else None
-        if step is None:
-            settler.schedule(Item(item_id, prior=prior, listed=True), now)
-        elif step.move is Move.GIVE_UP:  # its last pass failed just before a kill
-            settler.books.note_refresh(Item(item_id, prior=prior), {
-                "id": item_id, "at": iso(wall), "result": "kept", "status": last["status"], "reason": last["error"]})
-        else:
-            settler.schedule(Item(item_id, last["pass"] + 1, timed_out=record_cause(last) is Cause.TIMEOUT,
-                                  prior=prior, listed=True), now + step.wait)
+def plan_refresh(n: int, item_id: str, refresh: Refresh, state: State, cfg: Config, batch: Batch,
+                 fx: Effects) -> None:
+    """A done id due for a refresh whose refresh failed since the cut-off (a
+    run cut short): on the schedule at the pass it reached. Any other is
+    read as the schedule wants it (Feed)."""
+    last = state.failed.get(item_id)
+    if not last or last["at"] < refresh.before:
+        return
+    step = resume_step(last, cfg, fx.wallclock())
+    if step is None:
+        return
+    refresh.flags[n] = DONE  # in hand, as the Feed leaves a line it reads
+    prior, settler = refresh.prior(n), batch.settler
+    batch.tally.asked_again.add(item_id)
+    if step.move is Move.GIVE_UP:  # its last pass failed just before a kill
+        settler.books.note_refresh(Item(item_id, prior=prior), {
+            "id": item_id, "at": iso(fx.wallclock()), "result": "kept", "status": last["status"],
+            "reason": last["error"]})
+    else:
+        settler.schedule(Item(item_id, last["pass"] + 1, timed_out=record_cause(last) is Cause.TIMEOUT,
+                              prior=prior, listed=True, line=n), fx.clock() + step.wait)
 
 
 def settle_exhausted(item_id, last, ledger, state, cfg, wall) -> None:
@@ -5024,7 +5086,7 @@ def check(ids_file: Path, state_dir: Path, quiet: bool, out, shard: Optional[tup
     state = load_state(state_dir, repair=False)
     index = current_index(ids_file, state_dir, shard, keep=False)
     listing = listing_of(ids_file, index, state, False)
-    take_back_gone(state, listing, state_dir, None)  # done, then found removed upstream by a refresh: unavailable
+    take_back_gone(state, listing, state_dir)  # done, then found removed upstream by a refresh: unavailable
     keyed, recorded = 0, set(state.failed) | set(state.unavailable)
     for _, item_id in listing.lines((PENDING, DONE)):  # one pass: keys in URL ids, and the records' ids listed
         keyed += key_in_query(item_id)
@@ -5122,7 +5184,7 @@ def cover(ids_file: Path, state_dirs: list, out) -> ExitCode:
         state = load_state(state_dir, repair=False)
         index = current_index(ids_file, state_dir, shard, keep=False)
         listing = listing_of(ids_file, index, state, False)
-        take_back_gone(state, listing, state_dir, None)
+        take_back_gone(state, listing, state_dir)
         counts = state_counts(listing, state)
         unsettled += counts["failed"] + counts["pending"]
         everyone = listing.total + index.flags.count(OTHER_SHARD)
@@ -5191,9 +5253,9 @@ def export(args, state_dir: Path, out, err) -> ExitCode:
     if unknown:
         raise RedriveError(f"--fields: no result has {unknown[0]!r}; the fields are {', '.join(RESULT_FIELDS)}, "
                            "and body.PATH for a value inside the body (body.items.0.name)")
-    result_at = last_lines(args.ids_file, index, path, state_dir, RESULT_SHAPE)
+    result_at = last_lines(args.ids_file, len(index.flags), path, state_dir, RESULT_SHAPE)
     refreshed = state_dir / "refreshed.jsonl"
-    refreshed_at = last_lines(args.ids_file, index, refreshed, state_dir)
+    refreshed_at = last_lines(args.ids_file, len(index.flags), refreshed, state_dir)
     writer = csv.writer(out, lineterminator="\n") if args.export == "csv" else None
     if writer:
         writer.writerow(fields)
@@ -5808,7 +5870,11 @@ def dry_run(cfg: Config, err, out) -> ExitCode:
         raise RedriveError(f"{cfg.ids_file}: no ids in it; put one id per line ('#' lines are comments)")
     listing = listing_of(cfg.ids_file, index, state, before is not None)
     check_listed(cfg, (i for _, i in listing.lines((PENDING,))) if cfg.request.url == "{id}" else (), redact, err)
-    due = take_back_gone(state, listing, cfg.state_dir, before) if known else []
+    if known:
+        take_back_gone(state, listing, cfg.state_dir)
+    refresh = Refresh(listing, cfg.state_dir, before) if before and known else None
+    if refresh:
+        refresh.mark()
     settled = lambda item_id: item_id in state.unavailable and not wants_again(state.unavailable[item_id],
                                                                                cfg.retry_unavailable)
     marked = [i for n, i in listing.marked if listing.flags[n] == PENDING]
@@ -5819,12 +5885,16 @@ def dry_run(cfg: Config, err, out) -> ExitCode:
     shard = f" (shard {cfg.shard[0]}/{cfg.shard[1]} of {everyone})" if cfg.shard else ""
     print(f"redrive: dry run, nothing sent: {listing.total} ids{shard}: {listing.total - left} done, {unavailable} "
           f"unavailable, {failed} failed earlier, {left - unavailable - failed} new" +
-          (f", {len(due)} done to refresh (fetched before {before[:16]}Z)" if before else ""), file=out)
+          (f", {refresh.count if refresh else 0} done to refresh (fetched before {before[:16]}Z)" if before else ""),
+          file=out)
     asked = ((i, None) for _, i in listing.lines((PENDING,)) if not settled(i))
+    due = ((i, refresh.prior(n)) for n, i in listing.lines((DUE,))) if refresh else ()
     for item_id, prior in itertools.islice(itertools.chain(asked, due), 5):
         shown = "(the demo's server)" if cfg.request.demo else redact(shown_url(cfg.request, item_id))
         conditional = "".join(f", {name}: {value}" for name, value in prior.headers()) if prior else ""
         print(shown_text(f"  {cfg.request.method} {shown}{conditional}"), file=out)
+    if refresh:
+        refresh.close()
     return ExitCode.OK
 
 
@@ -5936,7 +6006,7 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
     with RunLock(cfg.state_dir, fx.wallclock):
         record = read_run_record(cfg.state_dir)
         state = load_state(cfg.state_dir)
-        ledger = Ledger(cfg.state_dir, cfg.fsync, fx.clock, fx.fsync)
+        ledger, due = Ledger(cfg.state_dir, cfg.fsync, fx.clock, fx.fsync), None
         try:
             complete_lost_done(state, ledger)  # before the index is brought up to date: it reads that done line
             before, resumed = refresh_cutoff(cfg, record, fx.wallclock())
@@ -5947,23 +6017,26 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
             forget_old_verdicts(state, since)
             for line in filter(None, (note, resumed)) if not cfg.quiet else ():
                 print(shown_text(f"redrive: {redact(line)}"), file=err)
-            due = take_back_gone(state, listing, cfg.state_dir, before)
+            take_back_gone(state, listing, cfg.state_dir)
+            due = Refresh(listing, cfg.state_dir, before) if before else None
             ledger.open()
-            tally = run_passes(cfg, fx, err, listing, state, ledger, fresh, redact, (due, before), started)
+            tally = run_passes(cfg, fx, err, listing, state, ledger, fresh, redact, due, started)
         finally:
             ledger.close()
+            if due is not None:
+                due.close()
         came_back = frozenset(i for i in state.done if i in state.unavailable and i not in state.fresh)
         if state.fresh or came_back:  # only a run that settled ids can have written a second line for one
             compact(cfg.state_dir / "unavailable.jsonl", came_back)  # failed.jsonl keeps its line per (id, pass)
         if tally.refresh:
             compact(cfg.state_dir / "refreshed.jsonl")
-        refresh = refresh_view(before, len(due), tally, redact)
+        refresh = refresh_view(before, due.count if due else 0, tally, redact)
         if refresh and not refresh["left"]:
             end_refresh(cfg.state_dir)
             # a refresh that is over needs no line per pass of the ids it asked: each keeps its last, as elsewhere
-            compact(cfg.state_dir / "failed.jsonl", only=frozenset(i for i, _ in due))
+            compact(cfg.state_dir / "failed.jsonl", only=frozenset(tally.asked_again))
         rest = itertools.chain(listing.not_done(PENDING_LISTED),  # not done, in file order
-                               (i for i, _ in due if i in state.fresh))  # gone upstream in this refresh
+                               (i for _, i in sorted(tally.gone)))  # gone upstream in this refresh
         report = build_report(listing.total, rest, listing.duplicates, state, tally, cfg, fx.clock() - started,
                               redact, fx.wallclock(), refresh, lambda: listing.untried_past)
         return finish(report, tally, cfg, redact, err)
@@ -6013,20 +6086,18 @@ def read_input(cfg: Config, state: State, refresh: bool, redact: Redactor, err) 
 
 
 def run_passes(cfg: Config, fx: Effects, err, listing: Listing, state: State, ledger: Ledger, fresh: bool,
-               redact: Redactor, refresh: tuple, started: float) -> Tally:
-    """Every pass, the stop signals caught. refresh: (the done ids due, with
-    their Prior; the cut-off); started: when the run began (--max-time's start)."""
+               redact: Redactor, refresh: Optional[Refresh], started: float) -> Tally:
+    """Every pass, the stop signals caught. refresh: the done ids a refresh
+    asks again, if any; started: when the run began (--max-time's start)."""
     total = listing.total
     for note in state.repairs:
         print(shown_text(f"redrive: warning: {redact(note)}"), file=err)
     progress = Progress(err, total, fx.clock, cfg.quiet)
     batch = Batch(cfg, ledger, state, fx, redact, progress, started)
-    plan(listing, state, cfg, batch, ledger, fx)
-    new = batch.timeline.pending()
-    due, before = refresh
-    if before:
-        plan_refresh(due, before, state, cfg, batch, fx)
+    plan(listing, state, cfg, batch, ledger, fx, refresh)
     counts = batch.settler.counts
+    again = refresh.count - counts["refreshed"] if refresh else 0  # those noted kept at once are not asked
+    new, before = batch.timeline.pending() - again, refresh and refresh.before
     progress.begin(counts["done"] + counts["unavailable"] + counts["refreshed"])
     # nothing done yet, or a refresh of ids that answered before: the first answers all failing alike mean the
     # set-up (the --url, the key) is wrong, not the ids, and are held, not settled (a revoked key's 404s are no verdict)

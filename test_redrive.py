@@ -1645,6 +1645,25 @@ def test_a_refresh_killed_midway_goes_on_in_a_plain_rerun_and_asks_no_refreshed_
     assert subprocess.run(redrive_cmd(ids_file, "--check", "-q"), capture_output=True, timeout=30).returncode == 0
 
 
+def test_a_refresh_longer_than_what_a_run_holds_asks_each_done_id_once_in_file_order(server, tmp_path, monkeypatch):
+    monkeypatch.setattr(redrive, "LOOKAHEAD", 8)  # the run holds 8 ids at a time; the refresh has 60 and 5 new
+    ids, fake = [f"r{n}" for n in range(60)], FakeTime()
+    server.versions.update({i: (f'"{i}-1"', version(i, 1)) for i in ids})
+    assert crawl(server, tmp_path, ids, fake=fake)[0] == ExitCode.OK
+    server.versions.update({i: (f'"{i}-2"', version(i, 2)) for i in ids[::10]} | {i: ('"x"', 410) for i in ids[5::20]})
+    server.paths.clear(), server.seen_headers.clear()
+    fake.now += 60
+    code, err, _ = crawl(server, tmp_path, [*ids, *(f"new{n}" for n in range(5))], "--refresh", fake=fake)
+    assert code == ExitCode.OK and "65 ids, 5 to fetch, 60 to refresh" in err
+    assert asked(server) == [(f"new{n}", None, None) for n in range(5)] + [(i, f'"{i}-1"', None) for i in ids]
+    report = json.loads((tmp_path / "ids.redrive" / "report.json").read_text())
+    assert {k: report["refresh"][k] for k in ("due", "unchanged", "changed", "gone", "left")} == {
+        "due": 60, "unchanged": 51, "changed": 6, "gone": 3, "left": 0}
+    assert [r["id"] for r in report["unresolved"]] == ids[5::20]  # in file order
+    assert report["counts"] | {"input": 0} == {"input": 0, "duplicates": 0, "done": 62, "unavailable": 3, "failed": 0,
+                                               "pending": 0}
+
+
 def test_an_id_gone_upstream_comes_back_with_retry_unavailable_done_again_listed_once(server, tmp_path):
     server.versions["g"], fake = ('"g1"', version("g", 1)), FakeTime()
     crawl(server, tmp_path, ["g", "h"], fake=fake)
@@ -5443,4 +5462,4 @@ def test_the_index_says_what_the_ledgers_say_after_any_edits(tmp_path_factory, f
         index = redrive.current_index(ids_file, sdir, shard)
         assert index.counts() == (len(ids), duplicates)
         feed = redrive.Feed(redrive.Listing(ids_file, index.flags, *index.counts(), []))  # what a run reads
-        assert [i for _, i in feed.take(len(ids) + 1)] == [i for i in ids if i in left] and feed.left == 0
+        assert [i for _, i, _ in feed.take(len(ids) + 1)] == [i for i in ids if i in left] and feed.left == 0
