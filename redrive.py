@@ -2601,15 +2601,50 @@ def utf8(data: bytes) -> bool:
     return True
 
 
+class LineOffsets:
+    """Line of the ids file -> an offset in a ledger (get: None for none):
+    4 bytes a line for a ledger under 4 GiB, else 8; a dict when under one
+    line in 16 has one (a ledger of few lines costs what it holds)."""
+
+    def __init__(self, lines: int, size: int, held: int):
+        self.none = None
+        if held * 16 < lines:
+            self.table = {}
+        else:
+            code, self.none = ("I", 0xFFFFFFFF) if size < 0xFFFFFFFF else ("q", -1)
+            self.table = array.array(code, [self.none]) * lines
+
+    def __setitem__(self, n: int, offset: int) -> None:
+        self.table[n] = offset
+
+    def get(self, n: int) -> Optional[int]:
+        at = self.table.get(n) if isinstance(self.table, dict) else self.table[n]
+        return None if at == self.none else at
+
+
 def last_lines(ids_file: Path, lines: int, path: Path, state_dir: Path,
-               shape: Optional[re.Pattern] = None) -> array.array:
+               shape: Optional[re.Pattern] = None) -> LineOffsets:
     """For each line of the ids file: the offset in the ledger `path` of the
-    last line of its id (-1: none). Exact, with one part of the ids in
-    memory at a time, as built_index matches them."""
-    found = array.array("q", [-1]) * lines
+    last line of its id. Exact, with one part of the ids in memory at a
+    time, as built_index matches them."""
     size = path.stat().st_size if path.is_file() else 0
     if not size:
-        return found
+        return LineOffsets(lines, 0, 0)
+    with Parts(state_dir, max(1, (os.stat(ids_file).st_size + size) // INDEX_PART), ("lines", "ledger")) as split:
+        for line, ids, _, _ in id_blocks(ids_file):
+            split.add("lines", ids, range(line, line + len(ids)))
+        held = 0
+        for ids, offsets in ledger_blocks(path, shape):
+            split.add("ledger", ids, offsets)
+            held += len(ids)
+        found = LineOffsets(lines, size, held)
+        for part in split:
+            (numbers, ids), (offsets, others) = part["lines"], part["ledger"]
+            last = dict(zip(others, offsets))  # the last line of an id wins
+            for n, item_id in zip(numbers, ids):
+                if item_id in last:
+                    found[n] = last[item_id]
+    return found
     with Parts(state_dir, max(1, (os.stat(ids_file).st_size + size) // INDEX_PART), ("lines", "ledger")) as split:
         for line, ids, _, _ in id_blocks(ids_file):
             split.add("lines", ids, range(line, line + len(ids)))
@@ -3014,13 +3049,14 @@ class Refresh:
 
     def prior(self, n: int) -> Optional[Prior]:
         """Line n's Prior if its id is due (see refresh_due); None if not, or with no result line."""
-        if self.result_at[n] < 0:
+        at, again = self.result_at.get(n), self.refreshed_at.get(n)
+        if at is None:
             return None  # a done line without a result: --check names it; nothing to refresh
-        self.fh.seek(self.result_at[n])
+        self.fh.seek(at)
         head = result_head(self.results, 0, self.fh.readline())[1]
         last = None
-        if self.refreshed_at[n] >= 0:
-            self.rh.seek(self.refreshed_at[n])
+        if again is not None:
+            self.rh.seek(again)
             last = json.loads(self.rh.readline())  # checked whole when it was joined
         return refresh_due(head, last, self.before)
 
@@ -5264,13 +5300,14 @@ def export(args, state_dir: Path, out, err) -> ExitCode:
     with open(path if path.is_file() else os.devnull, "rb") as fh, \
             open(refreshed if refreshed.is_file() else os.devnull, "rb") as rh:
         for n, item_id in listing.lines((DONE,)) if known else ():
-            if result_at[n] < 0 or item_id in gone:
+            where, again = result_at.get(n), refreshed_at.get(n)
+            if where is None or item_id in gone:
                 continue
-            fh.seek(result_at[n])
+            fh.seek(where)
             line = fh.readline()
             at = fetched_at(line)
-            if refreshed_at[n] >= 0:
-                rh.seek(refreshed_at[n])
+            if again is not None:
+                rh.seek(again)
                 last = json.loads(rh.readline())
                 if last["result"] in ("unchanged", "changed"):  # a 304 or a 200 said the result is current
                     at = max(at, last["at"])
