@@ -694,7 +694,13 @@ def rate_limited(folder, count, opt):
     show_error(run)
 
 
-def resume(folder, count, opt, left=10):
+def resume_first_nights(folder, count, opt):
+    """resume's first two nights alone (a state of an earlier release, then nothing changed), and no
+    reader: the rows a list too long for the rest of the scenario (100,000,000 ids) can run."""
+    resume(folder, count, opt, upto=2, readers=False)
+
+
+def resume(folder, count, opt, left=10, upto=4, readers=True):
     """A state of `count` ids with all but `left` done, as an earlier release left it (no done.index):
     the resume that reads it, then the nights after: nothing changed, 10 ids appended, and 1% of the
     lines removed and 1% added in the middle. Wall and peak memory of each run, and of the readers of
@@ -712,7 +718,7 @@ def resume(folder, count, opt, left=10):
         nights = [("state of an earlier release, no done.index", None, left),
                   ("the same command again, nothing changed", None, 0),
                   (f"{left} ids appended to the ids file", "append", left),
-                  ("1% of the lines removed, 1% added, in the middle", "middle", count // 100)]
+                  ("1% of the lines removed, 1% added, in the middle", "middle", count // 100)][:upto]
         for what, change, wanted in nights:
             if change == "append":
                 with open(ids, "a") as fh:
@@ -728,7 +734,7 @@ def resume(folder, count, opt, left=10):
             sent, _ = sent_and_throttled(server_stats(base), before)
             rows.append((what, f"{run.wall:.2f} s, {run.rss:.0f} MB, {sent} requests of {wanted} (exit {run.code})"))
             show_error(run)
-        for reader in (["--check"], ["--export", "jsonl"], ["--dry-run"], ["--dry-run", "--refresh"]):
+        for reader in (["--check"], ["--export", "jsonl"], ["--dry-run"], ["--dry-run", "--refresh"]) if readers else ():
             run = measured(redrive_cmd(ids, base, *reader) if "--dry-run" in reader else
                            [sys.executable, str(REDRIVE[0]), str(ids), *reader])
             rows.append((f"{' '.join(reader)} over the last state", f"{run.wall:.2f} s, {run.rss:.0f} MB "
@@ -1588,12 +1594,12 @@ SCENARIOS = {"clean": clean, "flaky": flaky, "rate-limited": rate_limited, "lone
              "limit-change": limit_change, "chaos": chaos, "declared": declared,
              "shards-on-one-key": shards_on_one_key, "no-limit-throttles": no_limit_throttles,
              "shards-parallel": shards_parallel, "refresh": refresh, "nginx-slow": nginx_slow,
-             "model": model, "first-run": first_run}
+             "model": model, "first-run": first_run, "resume-first-nights": resume_first_nights}
 COUNTS = {"clean": 10_000, "flaky": 10_000, "rate-limited": 3_000, "lone-429": 10_000, "resume": 1_000_000, "fsync": 5_000,
           "stop": 1_000_000, "nginx": 0,
           "fixed-window": 0, "token-bucket": 0, "limit-and-lone": 0, "limit-change": 4_500, "chaos": 10_000,
           "declared": 0, "shards-on-one-key": 0, "no-limit-throttles": 10_000, "shards-parallel": 3_000,
-          "refresh": 10_000, "nginx-slow": 0, "model": 0, "first-run": 2_000_000}
+          "refresh": 10_000, "nginx-slow": 0, "model": 0, "first-run": 2_000_000, "resume-first-nights": 1_000_000}
 
 
 def main(argv=None):
