@@ -5431,6 +5431,21 @@ def test_a_run_stopped_while_it_builds_the_index_loses_nothing_and_leaves_no_scr
     assert not list(sdir.glob(".index-*")) and sorted(state(tmp_path, "done.txt")) == sorted(ids)
 
 
+def test_the_readers_of_a_state_at_scale_write_nothing_and_leave_a_running_rebuilds_scratch_alone(tmp_path):
+    ids_file, sdir, ids = big_state(tmp_path, 120_000, 5)
+    running = sdir / ".index-running"  # a run's rebuild in progress: its lock is held, its scratch in use
+    running.mkdir()
+    (running / "lines.0").write_text("x\n")
+    before = {p.name: p.stat().st_mtime_ns for p in sdir.iterdir()}
+    for reader in (["--check"], ["--export", "jsonl"], ["--dry-run", "--url", "http://127.0.0.1:9/{id}"]):
+        out = io.StringIO()
+        code = redrive.main([str(ids_file), *reader], out=out, err=io.StringIO(), environ={})
+        assert code == (ExitCode.INCOMPLETE if reader == ["--check"] else ExitCode.OK), reader
+        assert {p.name: p.stat().st_mtime_ns for p in sdir.iterdir()} == before, reader
+    assert "119995 done, 0 unavailable, 0 failed earlier, 5 new" in out.getvalue()
+    assert (running / "lines.0").read_text() == "x\n"
+
+
 LINES = st.sampled_from(["a", "b", "c", "é", "  d ", "#c", "", "x\ty", LONG + "1", LONG + "2"])
 
 
