@@ -1451,10 +1451,11 @@ class Host:
        when the fresh refusals among its last SHARE_ANSWERS answers sent after the last cut
        exceed bN + SHARE_SIGMAS sqrt(bN) + 1 (b: its share refused while paced below a cut, 1/N
        until measured); one that says it is a rate limit always is. Any other waits alone.
-    4. The host's refusal of a request sent after the last cut is a cut: W_max the pace it took,
-       the rate BETA W_max, then W(t) = W_max (1 - BETA) ((t - K) / K)^3 + W_max with
-       K = max(CUBIC_C / W_max, RATE_SPAN). Cuts that leave refusals over the bar for N answers
-       were not the limit's: it is forgotten, and b has learnt their share.
+    4. The host's refusal of a request sent after the last cut is a cut: W_max the pace it took
+       (over a RATE_SPAN or more before the first refusal since the cut, if higher), the rate
+       BETA W_max, then W(t) = W_max (1 - BETA) ((t - K) / K)^3 + W_max, K = max(CUBIC_C / W_max,
+       RATE_SPAN). Cuts that leave refusals over the bar for N answers were not the limit's: it
+       is forgotten, and b has learnt their share.
     5. The host's refusal with nothing taken since the cut: one request at a time after its
        Retry-After or PROBE_SHARE of the time refused so far; refusing all past --max-backoff,
        it is paused past the run's reach. --rate and --per-host bound everything.
@@ -1557,9 +1558,15 @@ class Host:
             self.paused_until = max(self.paused_until, now + wait)
 
     def cut(self, now: float) -> None:
-        """W_max to the pace the host took; the rate to BETA x W_max, back to W_max in K (see 4)."""
-        self.w_max = min(self.taken(now, self.recent[max(0, len(self.recent) - SHARE_ANSWERS)][0]),
-                         self.taken(now, now - RATE_SPAN))
+        """W_max to the pace the host took (the higher of its pace now and its pace, over a span of a
+        RATE_SPAN or more, before the first refusal since the last cut: a limit with no slack takes
+        half the requests once it is passed); the rate to BETA x W_max, back to W_max in K (see 4)."""
+        took = min(self.taken(now, self.recent[max(0, len(self.recent) - SHARE_ANSWERS)][0]),
+                   self.taken(now, now - RATE_SPAN))
+        onset = next((at for at, fresh, _, sent in self.recent if fresh and sent > self.cut_at), now)
+        before = [at for at, _, ok, _ in self.recent if ok and self.first_sent + RATE_SPAN <= at < onset]
+        span = before[-1] - before[0] if before else 0.0  # past the first RATE_SPAN: a burst is no pace
+        self.w_max = max(took, (len(before) - 1) / span if span >= RATE_SPAN else 0.0)
         self.cut_at, self.sample = now, self.sample or [0, 0]  # cuts in a row share one sample (see 4)
         self.k = max(CUBIC_C / self.w_max, RATE_SPAN)
         self.next_slot = max(self.next_slot, now + 1.0 / self.rate(now))
@@ -2354,7 +2361,8 @@ def read_index(state_dir: Path) -> Optional[Index]:
     try:
         with open(state_dir / INDEX_FILE, "rb") as fh:
             head = json.loads(fh.readline())
-            flags = bytearray(fh.read())
+            flags = bytearray(os.fstat(fh.fileno()).st_size - fh.tell())  # read into: one copy, not two
+            del flags[fh.readinto(flags):]
         index = Index(head["ids_bytes"], head["ids_sha256"], head["lf_bytes"], head["lf_lines"],
                       head["done_bytes"], head["done_sha256"], tuple(head["shard"]) if head["shard"] else None, flags)
         whole = len(flags) == head["lines"] >= index.lf_lines and not flags.translate(None, INDEX_FLAGS)
