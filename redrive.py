@@ -1401,9 +1401,11 @@ SHARE_SIGMAS = 2.0
 
 #: CUBIC's cut (RFC 9438) to BETA x W_max, and its curve's time scale in requests:
 #: back at W_max after CUBIC_C requests' worth of time at W_max (at least RATE_SPAN),
-#: so a slow limit is probed past as rarely, per request sent, as a fast one.
-BETA = 0.7
-CUBIC_C = 30.0
+#: so a slow limit is probed past as rarely, per request sent, as a fast one. A limit
+#: is a fixed line, not a link flows must share: a shallower cut than TCP's 0.7 gets
+#: under a W_max measured at the line, and a longer curve probes past it half as often.
+BETA = 0.85
+CUBIC_C = 60.0
 
 #: A host that refuses everything, with no Retry-After, is probed one request
 #: at a time after this share of the time it has refused so far: its window's
@@ -1452,10 +1454,10 @@ class Host:
        exceed bN + SHARE_SIGMAS sqrt(bN) + 1 (b: its share refused while paced below a cut, 1/N
        until measured); one that says it is a rate limit always is. Any other waits alone.
     4. The host's refusal of a request sent after the last cut is a cut: W_max the pace it took
-       (over a RATE_SPAN or more before the first refusal since the cut, if higher), the rate
-       BETA W_max, then W(t) = W_max (1 - BETA) ((t - K) / K)^3 + W_max, K = max(CUBIC_C / W_max,
-       RATE_SPAN). Cuts that leave refusals over the bar for N answers were not the limit's: it
-       is forgotten, and b has learnt their share.
+       (over the last RATE_SPAN before the first refusal since the cut, if higher), the rate
+       BETA W_max, then W(t) = W_max (1 - BETA) ((t - K) / K)^3 + W_max, K = CUBIC_C / W_max
+       within [RATE_SPAN, --max-backoff]. Cuts that leave refusals over the bar for N answers were
+       not the limit's: it is forgotten, and b has learnt their share.
     5. The host's refusal with nothing taken since the cut: one request at a time after its
        Retry-After or PROBE_SHARE of the time refused so far; refusing all past --max-backoff,
        it is paused past the run's reach. --rate and --per-host bound everything.
@@ -1558,17 +1560,18 @@ class Host:
             self.paused_until = max(self.paused_until, now + wait)
 
     def cut(self, now: float) -> None:
-        """W_max to the pace the host took (the higher of its pace now and its pace, over a span of a
-        RATE_SPAN or more, before the first refusal since the last cut: a limit with no slack takes
-        half the requests once it is passed); the rate to BETA x W_max, back to W_max in K (see 4)."""
+        """W_max to the pace the host took (the higher of its pace now and its pace over the last
+        RATE_SPAN before the first refusal since the last cut, at the curve's top: a limit with no
+        slack takes half the requests once it is passed); the rate to BETA x W_max, back in K (see 4)."""
         took = min(self.taken(now, self.recent[max(0, len(self.recent) - SHARE_ANSWERS)][0]),
                    self.taken(now, now - RATE_SPAN))
         onset = next((at for at, fresh, _, sent in self.recent if fresh and sent > self.cut_at), now)
-        before = [at for at, _, ok, _ in self.recent if ok and self.first_sent + RATE_SPAN <= at < onset]
-        span = before[-1] - before[0] if before else 0.0  # past the first RATE_SPAN: a burst is no pace
-        self.w_max = max(took, (len(before) - 1) / span if span >= RATE_SPAN else 0.0)
+        takes = [at for at, _, ok, _ in self.recent if ok and self.first_sent + RATE_SPAN <= at < onset]  # a burst is no pace
+        start = max((i for i, at in enumerate(takes) if at <= onset - RATE_SPAN), default=len(takes))
+        top = takes[start:]  # from the last take at or before the RATE_SPAN that ends at the onset
+        self.w_max = max(took, (len(top) - 1) / (top[-1] - top[0]) if len(top) >= 2 else 0.0)
         self.cut_at, self.sample = now, self.sample or [0, 0]  # cuts in a row share one sample (see 4)
-        self.k = max(CUBIC_C / self.w_max, RATE_SPAN)
+        self.k = min(max(CUBIC_C / self.w_max, RATE_SPAN), self.longest)  # no wait of the model is longer (see 5)
         self.next_slot = max(self.next_slot, now + 1.0 / self.rate(now))
 
     def taken(self, now: float, since: float) -> float:
