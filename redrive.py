@@ -1399,11 +1399,10 @@ RATE_SPAN = 1.0
 #: so many standard deviations of a Poisson count, and never one refusal alone.
 SHARE_SIGMAS = 2.0
 
-#: CUBIC's cut (RFC 9438) to BETA x W_max, and its curve's time scale in requests:
-#: back at W_max after CUBIC_C requests' worth of time at W_max (at least RATE_SPAN),
-#: so a slow limit is probed past as rarely, per request sent, as a fast one. A limit
-#: is a fixed line, not a link flows must share: a shallower cut than TCP's 0.7 gets
-#: under a W_max measured at the line, and a longer curve probes past it half as often.
+#: CUBIC's cut (RFC 9438) to BETA x W_max, and its curve's time scale in requests: back
+#: at W_max after CUBIC_C requests' worth of time at it, so a slow limit is probed past as
+#: rarely per request as a fast one. A limit is a fixed line, not a link flows share: a cut
+#: shallower than TCP's 0.7 gets under a W_max measured at the line.
 BETA = 0.85
 CUBIC_C = 60.0
 
@@ -1422,8 +1421,7 @@ SECONDARY_WAIT = 60.0
 
 @dataclass
 class Quota:
-    """A declared quota as the gate keeps it: requests it may still send
-    before `reset_at` (the run's clock), and the quota's size if declared."""
+    """A declared quota as the gate keeps it: requests it may still send before `reset_at`."""
 
     left: float
     reset_at: float
@@ -1435,8 +1433,7 @@ class Quota:
     largest: float = 0.0  #: the most it fell by between two answers: one burst of another client's
 
     def pace(self, now: float, wanted: int) -> Optional[float]:
-        """What is left spread evenly up to the reset; None when it is spent or
-        over, or when the `wanted` requests ready to go cannot spend it."""
+        """What is left spread up to the reset; None when spent or over, or when `wanted` cannot spend it."""
         return self.left / (self.reset_at - now) if 1 <= self.left <= wanted and self.reset_at > now else None
 
 
@@ -1566,7 +1563,7 @@ class Host:
         took = min(self.taken(now, self.recent[max(0, len(self.recent) - SHARE_ANSWERS)][0]),
                    self.taken(now, now - RATE_SPAN))
         onset = next((at for at, fresh, _, sent in self.recent if fresh and sent > self.cut_at), now)
-        takes = [at for at, _, ok, _ in self.recent if ok and self.first_sent + RATE_SPAN <= at < onset]  # a burst is no pace
+        takes = [at for at, _, ok, _ in self.recent if ok and self.first_sent + RATE_SPAN <= at < onset]  # no first burst
         start = max((i for i, at in enumerate(takes) if at <= onset - RATE_SPAN), default=len(takes))
         top = takes[start:]  # from the last take at or before the RATE_SPAN that ends at the onset
         self.w_max = max(took, (len(top) - 1) / (top[-1] - top[0]) if len(top) >= 2 else 0.0)
