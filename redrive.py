@@ -1399,10 +1399,9 @@ RATE_SPAN = 1.0
 #: so many standard deviations of a Poisson count, and never one refusal alone.
 SHARE_SIGMAS = 2.0
 
-#: CUBIC's cut (RFC 9438) to BETA x W_max, and its curve's time scale in requests: back
-#: at W_max after CUBIC_C requests' worth of time at it, so a slow limit is probed past as
-#: rarely per request as a fast one. A limit is a fixed line, not a link flows share: a cut
-#: shallower than TCP's 0.7 gets under a W_max measured at the line.
+#: CUBIC's cut (RFC 9438) to BETA x W_max, and its curve's time scale: back at W_max after
+#: CUBIC_C requests' worth of time at it, so slow limits are probed as rarely per request as
+#: fast ones. A limit is a fixed line, not a shared link: a cut shallower than TCP's 0.7 will do.
 BETA = 0.85
 CUBIC_C = 60.0
 
