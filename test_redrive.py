@@ -3093,7 +3093,8 @@ class Leaky:
             need -= self.rate_at(a) * (b - a)
 
     def __call__(self, item, n, now):
-        first, self.start = self.start is None, now if self.start is None else self.start
+        first = self.start is None
+        self.start = now if first else self.start
         t = now - self.start
         excess = 0.0 if first else max(0.0, self.excess - self.rate_at(t) * (t - self.last) + 1.0)  # one free, as nginx
         if excess > self.burst:
