@@ -2397,9 +2397,8 @@ def current_index(ids_file: Path, state_dir: Path, shard: Optional[tuple], keep:
     is where neither changed; with the lines since added to either merged in
     (up to INDEX_LATE of them); else rebuilt. Written back when it changed,
     if `keep` (a run; a reader such as --export only reads the state)."""
-    for leftover in state_dir.glob(glob.escape(SCRATCH_PREFIX) + "*") if keep else ():  # a killed rebuild's
-        if leftover.is_dir() and not leftover.is_symlink():  # (a run holds the lock: no reader's is in use)
-            shutil.rmtree(leftover, ignore_errors=True)
+    if keep:  # a killed rebuild's (a run holds the lock: no reader's is in use)
+        remove_scratch(state_dir, SCRATCH_PREFIX)
     done_path = state_dir / "done.txt"
     done_to = done_end(done_path)
     index = read_index(state_dir)
@@ -2411,11 +2410,23 @@ def current_index(ids_file: Path, state_dir: Path, shard: Optional[tuple], keep:
             return index
     else:
         updated = None
-    with StopWhileIndexing():
-        index = updated or built_index(ids_file, state_dir, shard, done_to)
-        if keep:
-            write_index(state_dir, index)
+    index = updated or built_index(ids_file, state_dir, shard, done_to)
+    if keep:
+        write_index(state_dir, index)
     return index
+
+
+def scratch_prefix() -> str:
+    """This process's scratch dirs' prefix: known before one is made, so
+    that a stop landing while one is made or removed still finds it."""
+    return f"{SCRATCH_PREFIX}{os.getpid()}-"
+
+
+def remove_scratch(where: Path, prefix: str) -> None:
+    """The scratch dirs in where whose name starts with prefix."""
+    for leftover in where.glob(glob.escape(prefix) + "*"):
+        if leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover, ignore_errors=True)
 
 
 def merged_index(index: Index, ids_file: Path, done_path: Path, done_to: int) -> Optional[Index]:
@@ -2507,6 +2518,9 @@ class Parts:
     scratch dir in the state dir, removed on the way out (and by the next
     run, after a kill). Each part is then matched alone."""
 
+    #: The dirs this process makes scratch dirs in, each noted before one is made there.
+    places: set = set()
+
     def __init__(self, state_dir: Path, count: int, kinds: tuple = ("lines", "done")):
         self.state_dir, self.count, self.kinds, self.dir, self.held = state_dir, count, kinds, None, 0
         self.ids = {kind: [[] for _ in range(count)] for kind in kinds}
@@ -2514,8 +2528,9 @@ class Parts:
 
     def __enter__(self):
         if self.count > 1:  # in the state dir; a dry run before the first has none yet: the system's
-            where = self.state_dir if self.state_dir.is_dir() else None
-            self.dir = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=where))
+            where = self.state_dir if self.state_dir.is_dir() else Path(tempfile.gettempdir())
+            Parts.places.add(where)
+            self.dir = Path(tempfile.mkdtemp(prefix=scratch_prefix(), dir=where))
         return self
 
     def __exit__(self, *exc):
@@ -5995,22 +6010,31 @@ def refuse_foreign_files(state_dir: Path) -> None:
 
 
 class StopSignals:
-    """SIGINT, SIGTERM and SIGHUP ask the batch to stop; a second one stops it
+    """SIGINT, SIGTERM and SIGHUP stop a run or a reader. Before a run's
+    first request (the state read, the index built, a refresh joined), and
+    in a reader, the first one raises RedriveError with the signal's exit
+    code wherever it lands, saying `said`; this process's scratch dirs are
+    removed on the way out (it may land while one is made or removed).
+    Once a run's batch is attached, the first asks it to stop; a second stops it
     at once, leaving what is in flight pending (report.json is still written,
-    and the status line ended); a third exits on the spot. Every line is
+    and the status line ended). A third exits on the spot. Every line is
     already written with os.write, so nothing flushed is lost."""
 
     STOPS = {signal.SIGINT: Stop.INTERRUPTED, signal.SIGTERM: Stop.TERMINATED,
              **({signal.SIGHUP: Stop.HUNG_UP} if hasattr(signal, "SIGHUP") else {})}
 
-    def __init__(self, batch: Batch):
-        self.batch, self.saved, self.seen = batch, {}, 0
+    def __init__(self, said: str):
+        self.said, self.batch, self.saved, self.seen = said, None, {}, 0
 
     def handle(self, signum, frame):
         stop = self.STOPS[signum]
         self.seen += 1
         if self.seen > 2:
             os._exit(int(stop.code))
+        if self.batch is None:
+            if self.seen == 1:  # a second finds the first on its way out
+                raise RedriveError(f"{stop.value} {self.said}", stop.code)
+            return
         if self.seen == 2:
             self.batch.tally.stop_at = self.batch.fx.clock()  # no grace: the run loop ends at its next look
         self.batch.request_stop(stop)
@@ -6021,22 +6045,12 @@ class StopSignals:
                 self.saved[signum] = signal.signal(signum, self.handle)
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, failed, *exc):
         for signum, handler in self.saved.items():
             signal.signal(signum, handler)
-
-
-class StopWhileIndexing(StopSignals):
-    """Ctrl+C, SIGTERM or SIGHUP while the state's index is rebuilt: stop
-    with the signal's exit code, the scratch files removed on the way out."""
-
-    def __init__(self):
-        self.saved = {}
-
-    def handle(self, signum, frame):
-        stop = self.STOPS[signum]
-        raise RedriveError(f"{stop.value} while the state's index was built; nothing was sent: rerun to resume",
-                           stop.code)
+        if failed is not None:  # the stop may have landed while a scratch dir was made or removed
+            for where in Parts.places:
+                remove_scratch(where, scratch_prefix())
 
 
 def run(cfg: Config, fx: Effects, err) -> ExitCode:
@@ -6048,23 +6062,24 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
     check_report_path(cfg)
     prepare_state_dir(cfg.state_dir)
     with RunLock(cfg.state_dir, fx.wallclock):
-        record = read_run_record(cfg.state_dir)
-        state = load_state(cfg.state_dir)
         ledger, due = Ledger(cfg.state_dir, cfg.fsync, fx.clock, fx.fsync), None
         try:
-            complete_lost_done(state, ledger)  # before the index is brought up to date: it reads that done line
-            before, resumed = refresh_cutoff(cfg, record, fx.wallclock())
-            listing = read_input(cfg, state, before is not None, redact, err)
-            done_file = cfg.state_dir / "done.txt"
-            fresh = not (done_file.exists() and done_file.stat().st_size > 0)
-            note, since = settle_run_record(cfg, record, not fresh, fx.wallclock(), before)
-            forget_old_verdicts(state, since)
-            for line in filter(None, (note, resumed)) if not cfg.quiet else ():
-                print(shown_text(f"redrive: {redact(line)}"), file=err)
-            take_back_gone(state, listing, cfg.state_dir)
-            due = Refresh(listing, cfg.state_dir, before) if before else None
-            ledger.open()
-            tally = run_passes(cfg, fx, err, listing, state, ledger, fresh, redact, due, started)
+            with StopSignals("before the first request; nothing was sent: rerun to resume") as stops:
+                record = read_run_record(cfg.state_dir)
+                state = load_state(cfg.state_dir)
+                complete_lost_done(state, ledger)  # before the index is brought up to date: it reads its done line
+                before, resumed = refresh_cutoff(cfg, record, fx.wallclock())
+                listing = read_input(cfg, state, before is not None, redact, err)
+                done_file = cfg.state_dir / "done.txt"
+                fresh = not (done_file.exists() and done_file.stat().st_size > 0)
+                note, since = settle_run_record(cfg, record, not fresh, fx.wallclock(), before)
+                forget_old_verdicts(state, since)
+                for line in filter(None, (note, resumed)) if not cfg.quiet else ():
+                    print(shown_text(f"redrive: {redact(line)}"), file=err)
+                take_back_gone(state, listing, cfg.state_dir)
+                due = Refresh(listing, cfg.state_dir, before) if before else None
+                ledger.open()
+                tally = run_passes(cfg, fx, err, listing, state, ledger, fresh, redact, due, started, stops)
         finally:
             ledger.close()
             if due is not None:
@@ -6130,9 +6145,9 @@ def read_input(cfg: Config, state: State, refresh: bool, redact: Redactor, err) 
 
 
 def run_passes(cfg: Config, fx: Effects, err, listing: Listing, state: State, ledger: Ledger, fresh: bool,
-               redact: Redactor, refresh: Optional[Refresh], started: float) -> Tally:
-    """Every pass, the stop signals caught. refresh: the done ids a refresh
-    asks again, if any; started: when the run began (--max-time's start)."""
+               redact: Redactor, refresh: Optional[Refresh], started: float, stops: StopSignals) -> Tally:
+    """Every pass, the stop signals sent to the batch. refresh: the done ids
+    a refresh asks again, if any; started: when the run began (--max-time's start)."""
     total = listing.total
     for note in state.repairs:
         print(shown_text(f"redrive: warning: {redact(note)}"), file=err)
@@ -6149,12 +6164,12 @@ def run_passes(cfg: Config, fx: Effects, err, listing: Listing, state: State, le
         batch.settler.guard = Guard(min(GUARD_SAMPLE, batch.timeline.pending()), fresh)
     again = f", {batch.timeline.pending() - new} to refresh (fetched before {before[:16]}Z)" if before else ""
     progress.say(f"redrive: {total} ids, {new} to fetch{again}, state in {cfg.state_dir}")
-    with StopSignals(batch):
-        try:
-            return batch.run()
-        finally:
-            progress.clear()
-            batch.wake.close()
+    stops.batch = batch
+    try:
+        return batch.run()
+    finally:
+        progress.clear()
+        batch.wake.close()
 
 
 def finish(report: dict, tally: Tally, cfg: Config, redact: Redactor, err) -> ExitCode:
@@ -6379,19 +6394,24 @@ def main(argv=None, *, fx: Effects = Effects(), err=None, out=None, environ=None
         state_dir = default_state_dir(args)
         if state_dir.is_dir():
             refuse_foreign_files(state_dir)
+        reading = StopSignals("while reading the state; rerun the same command")
         if args.check:
             shard = args.shard or (shard_of(state_dir) if state_dir.is_dir() else None) or None
-            return int(check(args.ids_file, state_dir, args.quiet, SafeStream(out or sys.stdout), shard))
+            with reading:
+                return int(check(args.ids_file, state_dir, args.quiet, SafeStream(out or sys.stdout), shard))
         if args.export:
-            return int(export(args, state_dir, SafeStream(out or sys.stdout), err))
+            with reading:
+                return int(export(args, state_dir, SafeStream(out or sys.stdout), err))
         if args.cover:
-            return int(cover(args.ids_file, args.cover, SafeStream(out or sys.stdout)))
+            with reading:
+                return int(cover(args.ids_file, args.cover, SafeStream(out or sys.stdout)))
         cfg = config_from_args(args, environ, read_run_record(default_state_dir(args)))
         secrets = cfg.secrets
         if cfg.request.demo:
             server, cfg = demo_config(cfg)
         if args.dry_run:
-            return int(dry_run(cfg, err, SafeStream(out or sys.stdout)))
+            with reading:
+                return int(dry_run(cfg, err, SafeStream(out or sys.stdout)))
         return int(run(cfg, fx, err))
     except RedriveError as exc:
         print(shown_text(f"redrive: error: {exc}"), file=err)

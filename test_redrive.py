@@ -5432,6 +5432,88 @@ def test_a_run_stopped_while_it_builds_the_index_loses_nothing_and_leaves_no_scr
     assert not list(sdir.glob(".index-*")) and sorted(state(tmp_path, "done.txt")) == sorted(ids)
 
 
+def stop_at(instant, signum):
+    """A profile hook that sends signum to this process once, at the first event for which instant(event,
+    frame) is true, counting only from the run's stop handlers being installed to the batch's start."""
+    armed, sent = [False], []
+
+    def hook(frame, event, arg):
+        name = frame.f_code.co_name
+        if event == "return" and name == "__enter__" and isinstance(frame.f_locals.get("self"), redrive.StopSignals):
+            armed[0] = True
+        elif event == "call" and name == "run_passes":
+            armed[0] = False
+        elif armed[0] and not sent and instant(event, frame):
+            sent.append(name)
+            signal.raise_signal(signum)
+    return hook, sent
+
+
+def test_a_stop_signal_at_any_instant_before_the_first_request_exits_with_its_code_and_leaves_no_scratch(
+        server, tmp_path):
+    # where the stop lands does not matter: as a scratch dir is made, as one is removed, as the index is written,
+    # or at any call along the way, the run exits with the signal's code and one line, and leaves nothing behind
+    ids_file, sdir, ids = big_state(tmp_path, 90_000, 3)
+    pristine = tmp_path / "pristine"
+    shutil.copytree(sdir, pristine)
+    argv = [ids_file, "--url", server.template, "--concurrency", "1"]
+    calls = []  # every call the run makes before the batch, counted on a copy of the state
+    hook, _ = stop_at(lambda event, frame: event == "call" and calls.append(1) and False, signal.SIGTERM)
+    sys.setprofile(hook)
+    try:
+        run_cli(argv)
+    finally:
+        sys.setprofile(None)
+    assert len(calls) > 1000
+    named = [lambda e, f: e == "return" and f.f_code.co_name == "mkdtemp",  # made, its name not yet kept
+             lambda e, f: e == "call" and f.f_code.co_name == "rmtree",  # while it is removed
+             lambda e, f: e == "call" and f.f_code.co_name == "write_atomically"]  # as the index is written
+    spread = [lambda e, f, n=len(calls) * j // 10: e == "call" and next(counter) == n for j in range(1, 10)]
+    kinds = [(signal.SIGTERM, ExitCode.TERMINATED), (signal.SIGINT, ExitCode.INTERRUPTED),
+             (signal.SIGHUP, ExitCode.HANGUP)]
+    stopped_at = []
+    for k, instant in enumerate(named + spread):
+        shutil.rmtree(sdir)
+        shutil.copytree(pristine, sdir)
+        counter = itertools.count()
+        signum, expected = kinds[k % len(kinds)]
+        hook, sent = stop_at(instant, signum)
+        server.paths.clear()
+        sys.setprofile(hook)
+        try:
+            code, err, _ = run_cli(argv)
+        finally:
+            sys.setprofile(None)
+        assert sent, k  # the signal was sent before the batch
+        stopped_at.append(sent[0])
+        assert code == expected and err.count("\n") == 1 and "before the first request" in err, (sent, err)
+        assert server.paths == []  # nothing was sent
+        assert not list(sdir.glob(".index-*")) and not list(Path(tempfile.gettempdir()).glob(f".index-{os.getpid()}-*"))
+        assert (sdir / "done.txt").read_bytes() == (pristine / "done.txt").read_bytes()  # no line lost or rewritten
+    assert stopped_at[:3] == ["mkdtemp", "rmtree", "write_atomically"]
+    code, err, _ = run_cli(argv)  # the same command afterwards asks what is left, once each
+    assert code == ExitCode.OK and asked_ids(server) == ids[-3:], err
+
+
+@pytest.mark.parametrize("reader", [["--check"], ["--export", "jsonl"], ["--dry-run"]])
+def test_a_reader_stopped_as_it_makes_its_scratch_dir_exits_with_the_signals_code_and_leaves_none(
+        server, tmp_path, reader):
+    ids_file, sdir, ids = big_state(tmp_path, 90_000, 3)
+    before = {p.name: p.read_bytes() for p in sdir.iterdir()}
+    hook, sent = stop_at(lambda e, f: e == "return" and f.f_code.co_name == "mkdtemp", signal.SIGINT)
+    out = io.StringIO()
+    sys.setprofile(hook)
+    try:
+        code = redrive.main([str(ids_file), "--url", server.template, *reader], err=(err := io.StringIO()), out=out,
+                            environ={})
+    finally:
+        sys.setprofile(None)
+    assert sent == ["mkdtemp"] and code == ExitCode.INTERRUPTED, err.getvalue()
+    assert err.getvalue() == "redrive: error: interrupted while reading the state; rerun the same command\n"
+    assert {p.name: p.read_bytes() for p in sdir.iterdir()} == before  # nothing left, nothing written
+    assert not list(Path(tempfile.gettempdir()).glob(f".index-{os.getpid()}-*")) and server.paths == []
+
+
 def test_the_readers_of_a_state_at_scale_write_nothing_and_leave_a_running_rebuilds_scratch_alone(tmp_path):
     ids_file, sdir, ids = big_state(tmp_path, 120_000, 5)
     running = sdir / ".index-running"  # a run's rebuild in progress: its lock is held, its scratch in use
