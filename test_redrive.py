@@ -5495,6 +5495,23 @@ def test_a_stop_signal_at_any_instant_before_the_first_request_exits_with_its_co
     assert code == ExitCode.OK and asked_ids(server) == ids[-3:], err
 
 
+def test_a_refresh_stopped_as_its_join_makes_its_scratch_dir_leaves_none_and_sends_nothing(server, tmp_path):
+    # the neighbour of a stop in the rebuild: the refresh's join on disk makes a scratch dir of its own, later
+    ids_file, sdir, ids = big_state(tmp_path, 90_000, 3)
+    made = []
+    hook, sent = stop_at(lambda e, f: e == "return" and f.f_code.co_name == "mkdtemp" and made.append(1) is None
+                         and len(made) == 2, signal.SIGTERM)
+    done_before = (sdir / "done.txt").read_bytes()
+    sys.setprofile(hook)
+    try:
+        code, err, _ = run_cli([ids_file, "--url", server.template, "--concurrency", "1", "--refresh"])
+    finally:
+        sys.setprofile(None)
+    assert sent == ["mkdtemp"] and code == ExitCode.TERMINATED and err.count("\n") == 1, err
+    assert server.paths == [] and (sdir / "done.txt").read_bytes() == done_before
+    assert not list(sdir.glob(".index-*")) and not list(Path(tempfile.gettempdir()).glob(f".index-{os.getpid()}-*"))
+
+
 @pytest.mark.parametrize("reader", [["--check"], ["--export", "jsonl"], ["--dry-run"]])
 def test_a_reader_stopped_as_it_makes_its_scratch_dir_exits_with_the_signals_code_and_leaves_none(
         server, tmp_path, reader):
