@@ -1,7 +1,7 @@
 """Benchmark redrive.py against a local server; prints one table per scenario.
 
 usage: python bench_redrive.py [SCENARIO ...] [--ids N] [--latency MS]
-                                [--concurrency N] [--limit R] [--faults MIX]
+                                [--concurrency N] [--limit R] [--faults MIX] [--minutes M]
 
 Scenarios (all by default):
   clean          10,000 ids, 20 ms latency, concurrency 32; a bare 32-thread
@@ -55,8 +55,8 @@ Scenarios (all by default):
                  3,000 ids in three shards, then --cover; skipped without parallel
   nginx-slow     nginx's limit_req at the slow limits of public APIs: 1 r/s (90 ids),
                  2 and 5 r/s with no burst, 10 r/s burst 5 nodelay; no --rate
-  model          the tests' limiter shapes at 2 to 500 r/s, two minutes of ideal each,
-                 and the penalty box, on the fake clock through redrive's own run loop
+  model          the tests' limiter shapes at 2 to 500 r/s, two minutes of ideal each
+                 (--minutes), and the penalty box, on the fake clock through redrive's own run loop
   refresh        a nightly sync of 10,000 ids with ETags: night 1 fetches all;
                  on night 2, 2% changed and 0.5% are gone: a plain rerun, then
                  --refresh; night 3's --refresh under GitHub's quota headers
@@ -1548,7 +1548,7 @@ def nginx_slow(folder, count, opt):
 
 
 def model(folder, count, opt):
-    """The limiter shapes of the tests' table, each for two minutes of its ideal or more, played on the
+    """The limiter shapes of the tests' table, each for --minutes of its ideal or more, played on the
     fake clock through redrive's own run loop (test_redrive.drive): time over ideal and refusals."""
     if Path(REDRIVE[0]).resolve() != (HERE / "redrive.py").resolve():
         print(f"\nmodel: skipped for {REDRIVE[0]}: the fake-clock harness drives this redrive.py's run loop")
@@ -1565,14 +1565,15 @@ def model(folder, count, opt):
     for name, make in shapes.items():
         for rate in (2, 5, 10, 50, 100, 500):
             limiter = make(rate)
-            ids = count or int(rate * 120) + 5
-            run = t.drive(limiter, ids, until=7200)
+            ids = count or int(rate * 60 * opt.minutes) + 5
+            run = t.drive(limiter, ids, until=max(7200, 10 * ids / rate))
             ideal = limiter.ideal(ids)
             wrong = sum(1 for _, _, status in run["ended"].values() if status not in (200, 404))
+            early = sum(1 for sent in run["refusals"] if sent < 10)
             rows.append((f"{name}, {rate} r/s, {ids} ids",
                          f"{run['end'] / ideal:.2f} x ideal (target <= 1.10), refused {run['refused']} = "
-                         f"{run['refused'] / run['requests']:.1%} of {run['requests']} (target <= 3%), "
-                         f"{len(run['ended'])} ended, {wrong} not where the server put them"))
+                         f"{run['refused'] / run['requests']:.1%} of {run['requests']} (target <= 3%; {early} "
+                         f"in the first 10 s), {len(run['ended'])} ended, {wrong} not where the server put them"))
     box = t.PenaltyBox(5, 20)
     run = t.drive(box, 300, until=7200, max_backoff=300.0)
     rows.append(("penalty box 5 r/s, a 20 s block per excess, 300 ids, --max-backoff 300",
@@ -1632,6 +1633,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="any of: " + " ".join(SCENARIOS) + " (default: all)")
     parser.add_argument("--ids", type=int, metavar="N", help="ids per scenario instead of the defaults")
     parser.add_argument("--latency", type=float, default=20, metavar="MS", help="server latency (default 20)")
+    parser.add_argument("--minutes", type=float, default=2, metavar="M",
+                        help="model: each limiter row's ids take M minutes at its limit (default 2)")
     parser.add_argument("--concurrency", type=int, default=32, metavar="N", help="redrive's and the bare loop's (default 32)")
     parser.add_argument("--limit", type=int, default=100, metavar="R",
                         help="requests a second the rate-limited server allows (default 100)")

@@ -1405,9 +1405,8 @@ SHARE_SIGMAS = 2.0
 BETA = 0.85
 CUBIC_C = 60.0
 
-#: A host that refuses everything, with no Retry-After, is probed one request
-#: at a time after this share of the time it has refused so far: its window's
-#: end is found late by that share at most.
+#: A host that refuses everything, with no Retry-After, is probed one request at a time
+#: after this share of the time it has refused so far: a window's end is found that late at most.
 PROBE_SHARE = 0.25
 
 #: Slack after a declared reset, for two clocks a little apart.
@@ -1447,8 +1446,8 @@ class Host:
     2. Slow start: START_LIMIT in flight, SLOW_START_STEP more per answer, one less per refusal.
     3. A fresh refusal (429 or 503 of an id not refused for itself just before) is the host's
        when the fresh refusals among its last SHARE_ANSWERS answers sent after the last cut
-       exceed bN + SHARE_SIGMAS sqrt(bN) + 1 (b: its share refused while paced below a cut, 1/N
-       until measured); one that says it is a rate limit always is. Any other waits alone.
+       exceed bN + SHARE_SIGMAS sqrt(bN) + 1 (b: its share refused while paced below W_max, but at
+       no pace a later cut finds over it; 1/N until measured); one saying it is a rate limit is.
     4. The host's refusal of a request sent after the last cut is a cut: W_max the pace it took
        (over the last RATE_SPAN before the first refusal since the cut, if higher), the rate
        BETA W_max, then W(t) = W_max (1 - BETA) ((t - K) / K)^3 + W_max, K = CUBIC_C / W_max
@@ -1476,7 +1475,7 @@ class Host:
     in_a_row: int = 0  #: its refusals since its last answer that was none
     takes: int = 0  #: its answers that were no refusal
     refusals: int = 0  #: its refusals of any kind
-    sample: Optional[list] = None  #: answers and fresh refusals since a cut (and the cuts after it), until N
+    sample: Optional[list] = None  #: answers, fresh refusals, and those over a limit found since (see 3), until N
     below: list = field(default_factory=lambda: [0, 0])  #: the same, summed over every sample completed
     quotas: dict = field(default_factory=dict)  #: bucket -> Quota
     renewed: set = field(default_factory=set)  #: buckets whose window ran out, until the next declares it
@@ -1559,14 +1558,16 @@ class Host:
         """W_max to the pace the host took (the higher of its pace now and its pace over the last
         RATE_SPAN before the first refusal since the last cut, at the curve's top: a limit with no
         slack takes half the requests once it is passed); the rate to BETA x W_max, back in K (see 4)."""
-        took = min(self.taken(now, self.recent[max(0, len(self.recent) - SHARE_ANSWERS)][0]),
-                   self.taken(now, now - RATE_SPAN))
+        took = min(self.taken(now, self.recent[-min(len(self.recent), SHARE_ANSWERS)][0]), self.taken(now, now - RATE_SPAN))
         onset = next((at for at, fresh, _, sent in self.recent if fresh and sent > self.cut_at), now)
         takes = [at for at, _, ok, _ in self.recent if ok and self.first_sent + RATE_SPAN <= at < onset]  # no first burst
         start = max((i for i, at in enumerate(takes) if at <= onset - RATE_SPAN), default=len(takes))
         top = takes[start:]  # from the last take at or before the RATE_SPAN that ends at the onset
-        self.w_max = max(took, (len(top) - 1) / (top[-1] - top[0]) if len(top) >= 2 else 0.0)
-        self.cut_at, self.sample = now, self.sample or [0, 0]  # cuts in a row share one sample (see 4)
+        w_max = max(took, (len(top) - 1) / (top[-1] - top[0]) if len(top) >= 2 else 0.0)
+        over = [sent for _, fresh, _, sent in self.recent if fresh and sent > self.cut_at]  # sampled if under W_max,
+        over = sum(1 for sent in over if w_max <= self.rate(sent) < self.w_max) if self.w_max else 0  # not if over this one
+        self.sample = self.sample or [0, 0, 0]  # cuts in a row share one sample (see 4)
+        self.w_max, self.cut_at, self.sample[2] = w_max, now, self.sample[2] + over
         self.k = min(max(CUBIC_C / self.w_max, RATE_SPAN), self.longest)  # no wait of the model is longer (see 5)
         self.next_slot = max(self.next_slot, now + 1.0 / self.rate(now))
 
@@ -1621,13 +1622,13 @@ class Host:
         self.quotas[declared.bucket] = quota
 
     def sampled(self) -> None:
-        """N answers paced below what the host refused: what it still refused is
-        its background. Were they still over the bar, the cuts brought no relief:
+        """N answers paced below what the host refused: what it still refused, but at no pace a later cut
+        found over the limit, is its background. Were they still over the bar, the cuts brought no relief:
         those refusals were the ids' own, and the limit believed in is forgotten."""
-        answers, fresh = self.sample
+        answers, fresh, over = self.sample
         if fresh > self.bar():
             self.w_max, self.cut_at = None, -math.inf
-        self.below, self.sample = [self.below[0] + answers, self.below[1] + fresh], None
+        self.below, self.sample = [self.below[0] + answers, max(0, self.below[1] + fresh - over)], None
 
     def bar(self) -> float:
         """The fresh refusals in N answers its background explains (see 3): one in N, until measured."""

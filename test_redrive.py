@@ -3065,7 +3065,7 @@ def _drive(serve, count, until, latency, cap, folder, options):
         ended[int(record["id"])] = (redrive.parse_iso(record["at"]) - WALL, Bucket(record["bucket"]),
                                     record["status"])
     end = max((t for t, _, _ in ended.values()), default=0.0)
-    return {"ended": ended, "end": end, "requests": sum(asked.values()), "refused": len(refused),
+    return {"ended": ended, "end": end, "requests": sum(asked.values()), "refused": len(refused), "refusals": refused,
             "late": sum(1 for t in refused if t > declared_at), "sends": sends, "clock": clock[0],
             "failed": (cfg.state_dir / "failed.jsonl").read_text().count("\n")}
 
