@@ -121,6 +121,18 @@ class Settings(NamedTuple):
     concurrency: int = 32
     limit: int = 100  #: requests a second the rate-limited server allows
     faults: tuple = ()  #: the flaky scenario's id -> kind table, 100 slots
+    minutes: float = 2.0  #: model: each limiter row's ids take this long at its limit
+
+
+def at_least_two(text: str) -> float:
+    """--minutes: two at least, so a window of a minute is passed more than once."""
+    try:
+        minutes = float(text)
+    except ValueError:
+        minutes = None
+    if minutes is None or not minutes >= 2:
+        raise argparse.ArgumentTypeError(f"{text!r}: write a number of minutes, 2 or more")
+    return minutes
 
 
 def fault_table(mix: dict) -> tuple:
@@ -1613,7 +1625,7 @@ def main(argv=None):
     if argv is None and sys.argv[1:2] == ["--launcher"]:
         return launcher_loop()
     args = build_parser().parse_args(argv)
-    opt = Settings(args.latency / 1000, args.concurrency, args.limit, fault_table(args.faults))
+    opt = Settings(args.latency / 1000, args.concurrency, args.limit, fault_table(args.faults), args.minutes)
     print(f"redrive benchmark: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
     launcher()  # now, while this process is small (see Launcher)
     for name in args.scenarios or SCENARIOS:
@@ -1633,8 +1645,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="any of: " + " ".join(SCENARIOS) + " (default: all)")
     parser.add_argument("--ids", type=int, metavar="N", help="ids per scenario instead of the defaults")
     parser.add_argument("--latency", type=float, default=20, metavar="MS", help="server latency (default 20)")
-    parser.add_argument("--minutes", type=float, default=2, metavar="M",
-                        help="model: each limiter row's ids take M minutes at its limit (default 2)")
+    parser.add_argument("--minutes", type=at_least_two, default=2, metavar="M",
+                        help="model: each limiter row's ids take M >= 2 minutes at its limit (default 2)")
     parser.add_argument("--concurrency", type=int, default=32, metavar="N", help="redrive's and the bare loop's (default 32)")
     parser.add_argument("--limit", type=int, default=100, metavar="R",
                         help="requests a second the rate-limited server allows (default 100)")
