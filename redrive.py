@@ -1389,9 +1389,8 @@ class Redactor:
 START_LIMIT = 4
 SLOW_START_STEP = 0.5
 
-#: The answers the share rule counts refusals in, and a background sample's
-#: size. The pace a host took is the lower of its pace over them and over
-#: the last RATE_SPAN (the unit most limits are stated in): a burst is no pace.
+#: The answers the share rule counts refusals in, and a background sample's size. The pace a host
+#: took is the lower of its pace over them and over the last RATE_SPAN (most limits' unit): a burst is none.
 SHARE_ANSWERS = 50
 RATE_SPAN = 1.0
 
@@ -1448,11 +1447,11 @@ class Host:
        when the fresh refusals among its last SHARE_ANSWERS answers sent after the last cut
        exceed bN + SHARE_SIGMAS sqrt(bN) + 1 (b: its share refused while paced below W_max, but at
        no pace a later cut finds over it; 1/N until measured); one saying it is a rate limit is.
-    4. The host's refusal of a request sent after the last cut is a cut: W_max the pace it took
-       (over the last RATE_SPAN before the first refusal since the cut, if higher), the rate
-       BETA W_max, then W(t) = W_max (1 - BETA) ((t - K) / K)^3 + W_max, K = CUBIC_C / W_max
-       within [RATE_SPAN, --max-backoff]. Cuts that leave refusals over the bar for N answers were
-       not the limit's: it is forgotten, and b has learnt their share.
+    4. The host's refusal of a request sent after the last cut is a cut: W_max the pace it took (over
+       the last RATE_SPAN before the first refusal since the cut, if higher), the rate BETA W_max, then
+       W(t) = W_max (1 - BETA) ((t - K) / K)^3 + W_max, K = CUBIC_C h / W_max in [RATE_SPAN, --max-backoff],
+       h doubled by each cut in a row finding W_max within [BETA, 1 / BETA] of the last, else 1. Cuts
+       leaving refusals over the bar for N answers were not the limit's: forgotten, b learnt their share.
     5. The host's refusal with nothing taken since the cut: one request at a time after its
        Retry-After or PROBE_SHARE of the time refused so far; refusing all past --max-backoff,
        it is paused past the run's reach. --rate and --per-host bound everything.
@@ -1470,6 +1469,7 @@ class Host:
     w_max: Optional[float] = None  #: the pace taken at the last cut (None: never cut)
     cut_at: float = -math.inf
     k: float = RATE_SPAN  #: K: seconds from the last cut back to W_max (see 4)
+    hold: float = 1.0  #: K's CUBIC_C requests, doubled for each cut in a row that found about the same W_max
     last_ok: float = -math.inf  #: its last answer that was no refusal
     refusing_since: Optional[float] = None  #: refusing everything since (see 5)
     in_a_row: int = 0  #: its refusals since its last answer that was none
@@ -1526,9 +1526,8 @@ class Host:
 
     def throttled(self, now: float, sent: float, wait: Optional[float], fresh: bool = True,
                   said: bool = False, declared: Optional[Declared] = None) -> bool:
-        """A refusal of a request sent at `sent`, asking `wait` s (None: not
-        said); `fresh`: the id's last answer was no refusal of its own; `said`: the answer
-        says it is a rate limit. True when it is the host's (see 3)."""
+        """A refusal of a request sent at `sent`, asking `wait` s (None: not said); `fresh`: the id's last
+        answer was no refusal of its own; `said`: it says it is a rate limit. True when the host's (see 3)."""
         self.answered(now, sent, declared, fresh=fresh, taken=False)
         self.refusals += 1
         spent = declared is not None and declared.remaining < 1 and declared.reset > 0  # a reset now or past: no wait
@@ -1555,9 +1554,8 @@ class Host:
             self.paused_until = max(self.paused_until, now + wait)
 
     def cut(self, now: float) -> None:
-        """W_max to the pace the host took (the higher of its pace now and its pace over the last
-        RATE_SPAN before the first refusal since the last cut, at the curve's top: a limit with no
-        slack takes half the requests once it is passed); the rate to BETA x W_max, back in K (see 4)."""
+        """W_max to the higher of the pace the host took and its pace over the RATE_SPAN before the first
+        refusal since the cut (a limit with no slack takes half once passed); the rate to BETA W_max (see 4)."""
         took = min(self.taken(now, self.recent[-min(len(self.recent), SHARE_ANSWERS)][0]), self.taken(now, now - RATE_SPAN))
         onset = next((at for at, fresh, _, sent in self.recent if fresh and sent > self.cut_at), now)
         takes = [at for at, _, ok, _ in self.recent if ok and self.first_sent + RATE_SPAN <= at < onset]  # no first burst
@@ -1567,8 +1565,10 @@ class Host:
         over = [sent for _, fresh, _, sent in self.recent if fresh and sent > self.cut_at]  # sampled if under W_max,
         over = sum(1 for sent in over if w_max <= self.rate(sent) < self.w_max) if self.w_max else 0  # not if over this one
         self.sample = self.sample or [0, 0, 0]  # cuts in a row share one sample (see 4)
+        agreed = self.w_max is not None and BETA <= w_max / self.w_max <= 1 / BETA  # a limit found again: trusted longer
+        self.hold = max(1.0, min(2 * self.hold, self.longest * w_max / CUBIC_C)) if agreed else 1.0
         self.w_max, self.cut_at, self.sample[2] = w_max, now, self.sample[2] + over
-        self.k = min(max(CUBIC_C / self.w_max, RATE_SPAN), self.longest)  # no wait of the model is longer (see 5)
+        self.k = min(max(CUBIC_C * self.hold / self.w_max, RATE_SPAN), self.longest)  # no wait of the model is longer (see 5)
         self.next_slot = max(self.next_slot, now + 1.0 / self.rate(now))
 
     def taken(self, now: float, since: float) -> float:
