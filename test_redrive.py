@@ -3269,19 +3269,19 @@ GRAPHQL_LIMITED = b'{"errors":[{"type":"RATE_LIMITED","message":"API rate limit 
 #: has the real servers' figures and the misses against the targets): a row that moves past its
 #: bound is a change in the model's behaviour, to be explained.
 LIMITERS = {
-    'leaky 50/s, no burst': (Leaky(50, 0), 1000, 32, 1.25, 0.04),
-    'leaky 100/s, no burst': (Leaky(100, 0), 2000, 32, 1.28, 0.03),
-    'leaky 50/s, burst 10': (Leaky(50, 10), 1010, 32, 1.08, 0.11),
-    'leaky 100/s, burst 20': (Leaky(100, 20), 2020, 32, 1.08, 0.08),
-    'leaky 100/s halved from 10 s to 25 s': (Leaky(100, 10, halved=(10, 25)), 4500, 32, 1.09, 0.06),
-    'token bucket 100/s, burst 100, Retry-After': (TokenBucket(100, 100), 2100, 32, 1.08, 0.08),
-    'token bucket 100/s, burst 10, Retry-After': (TokenBucket(100, 10), 2010, 32, 1.08, 0.06),
-    'token bucket 50/s, burst 10, Retry-After': (TokenBucket(50, 10), 1010, 32, 1.08, 0.11),
-    'window 100 a second, Retry-After': (Window(100, 1), 3000, 32, 1.72, 0.09),
-    'window 100 a second, none': (Window(100, 1, retry_after=False), 3000, 32, 1.15, 0.08),
+    'leaky 50/s, no burst': (Leaky(50, 0), 1000, 32, 1.25, 0.03),
+    'leaky 100/s, no burst': (Leaky(100, 0), 2000, 32, 1.28, 0.02),
+    'leaky 50/s, burst 10': (Leaky(50, 10), 1010, 32, 1.08, 0.07),
+    'leaky 100/s, burst 20': (Leaky(100, 20), 2020, 32, 1.08, 0.04),
+    'leaky 100/s halved from 10 s to 25 s': (Leaky(100, 10, halved=(10, 25)), 4500, 32, 1.09, 0.03),
+    'token bucket 100/s, burst 100, Retry-After': (TokenBucket(100, 100), 2100, 32, 1.08, 0.07),
+    'token bucket 100/s, burst 10, Retry-After': (TokenBucket(100, 10), 2010, 32, 1.08, 0.03),
+    'token bucket 50/s, burst 10, Retry-After': (TokenBucket(50, 10), 1010, 32, 1.08, 0.06),
+    'window 100 a second, Retry-After': (Window(100, 1), 3000, 32, 1.25, 0.05),
+    'window 100 a second, none': (Window(100, 1, retry_after=False), 3000, 32, 1.15, 0.05),
     'window 600 a minute, Retry-After': (Window(600, 60), 900, 32, 1.09, 0.08),
     'window 600 a minute, none': (Window(600, 60, retry_after=False), 1500, 32, 1.14, 0.11),
-    'limit of 50/s and 3% of ids refused for themselves': (Behind(Leaky(50, 0), Lone(3)), 1000, 32, 1.48, 0.07),
+    'limit of 50/s and 3% of ids refused for themselves': (Behind(Leaky(50, 0), Lone(3)), 1000, 32, 1.45, 0.06),
     "declared, GitHub's headers, 429": (Window(60, 2, False, "github"), 400, 32, 1.09, 0.01),
     "declared, GitHub's headers, 403": (Window(60, 2, False, "github", 403, GITHUB_LIMITED), 400, 32, 1.09, 0.01),
     "declared, X's headers": (Window(60, 2, False, "x"), 400, 32, 1.09, 0.01),
@@ -3319,20 +3319,20 @@ LIMITERS = {
     'window 4 per 2 s, Retry-After': (Window(4, 2), 120, 32, 1.13, 0.15),
     'window 120 a minute, none': (Window(120, 60, retry_after=False), 300, 32, 1.14, 0.36),
     'sliding log 20 per 10 s': (SlidingLog(20, 10), 120, 32, 1.37, 0.43),
-    'leaky 5/s, no burst': (Leaky(5, 0), 300, 32, 1.21, 0.13),
-    'leaky 5/s, no burst, 503': (Leaky(5, 0, status=503), 300, 32, 1.21, 0.13),
-    'leaky 5/s, burst 5': (Leaky(5, 5), 305, 32, 1.07, 0.16),
-    'leaky 5/s, burst 5 queued': (Leaky(5, 5, delay=True), 305, 32, 1.08, 0.05),
-    'token bucket 5/s, burst 5, Retry-After': (TokenBucket(5, 5), 305, 32, 1.09, 0.16),
-    'window 10 per 2 s, Retry-After': (Window(10, 2), 300, 32, 1.18, 0.1),
+    'leaky 5/s, no burst': (Leaky(5, 0), 300, 32, 1.17, 0.1),
+    'leaky 5/s, no burst, 503': (Leaky(5, 0, status=503), 300, 32, 1.17, 0.1),
+    'leaky 5/s, burst 5': (Leaky(5, 5), 305, 32, 1.07, 0.14),
+    'leaky 5/s, burst 5 queued': (Leaky(5, 5, delay=True), 305, 32, 1.08, 0.04),
+    'token bucket 5/s, burst 5, Retry-After': (TokenBucket(5, 5), 305, 32, 1.09, 0.12),
+    'window 10 per 2 s, Retry-After': (Window(10, 2), 300, 32, 1.15, 0.1),
     'window 300 a minute, none': (Window(300, 60, retry_after=False), 750, 32, 1.14, 0.19),
-    'sliding log 50 per 10 s': (SlidingLog(50, 10), 300, 32, 1.22, 0.49),
-    'leaky 10/s, no burst': (Leaky(10, 0), 600, 32, 1.26, 0.09),
-    'leaky 10/s, no burst, 503': (Leaky(10, 0, status=503), 600, 32, 1.26, 0.09),
-    'leaky 10/s, burst 5': (Leaky(10, 5), 605, 32, 1.07, 0.13),
-    'leaky 10/s, burst 5 queued': (Leaky(10, 5, delay=True), 605, 32, 1.08, 0.07),
-    'token bucket 10/s, burst 5, Retry-After': (TokenBucket(10, 5), 605, 32, 1.08, 0.14),
-    'window 20 per 2 s, Retry-After': (Window(20, 2), 600, 32, 1.18, 0.1),
+    'sliding log 50 per 10 s': (SlidingLog(50, 10), 300, 32, 1.22, 0.47),
+    'leaky 10/s, no burst': (Leaky(10, 0), 600, 32, 1.21, 0.06),
+    'leaky 10/s, no burst, 503': (Leaky(10, 0, status=503), 600, 32, 1.21, 0.06),
+    'leaky 10/s, burst 5': (Leaky(10, 5), 605, 32, 1.07, 0.09),
+    'leaky 10/s, burst 5 queued': (Leaky(10, 5, delay=True), 605, 32, 1.08, 0.04),
+    'token bucket 10/s, burst 5, Retry-After': (TokenBucket(10, 5), 605, 32, 1.08, 0.12),
+    'window 20 per 2 s, Retry-After': (Window(20, 2), 600, 32, 1.18, 0.09),
     'sliding log 100 per 10 s': (SlidingLog(100, 10), 600, 32, 1.17, 0.34),
 }
 
@@ -3348,6 +3348,16 @@ def test_each_limiter_shape_is_paced_within_its_bounds_and_every_id_ends_where_t
     assert run["refused"] <= most_refused * run["requests"], row
     if row.startswith("declared"):
         assert run["late"] == 0  # no refusal of a request sent after the quota was first declared
+
+
+@pytest.mark.parametrize("limiter", [Leaky(5, 0), TokenBucket(5, 5)], ids=["no slack", "a token bucket"])
+def test_a_limit_found_again_is_probed_rarely_so_a_long_run_is_refused_little(limiter):
+    # ten minutes at 5 r/s: a cycle costs about two refusals once the background is learnt under the limit,
+    # and the curve holds longer each time a cut finds the limit where it was (the code before: 5.8% and 9.1%)
+    run = drive(limiter, 3005, until=7200)
+    assert sorted(s for _, _, s in run["ended"].values()) == sorted(404 if i % 50 == 49 and isinstance(
+        limiter, Leaky) else 200 for i in range(3005))
+    assert run["refused"] <= 0.025 * run["requests"] and run["end"] <= 1.08 * limiter.ideal(3005)
 
 
 def test_a_penalty_box_blocks_at_most_twice_and_every_id_ends_done():
