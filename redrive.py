@@ -1452,9 +1452,9 @@ class Host:
        W(t) = W_max (1 - BETA) ((t - K) / K)^3 + W_max, K = CUBIC_C h / W_max in [RATE_SPAN, --max-backoff],
        h doubled by each cut in a row finding W_max within [BETA, 1 / BETA] of the last, else 1. Cuts
        leaving refusals over the bar for N answers were not the limit's: forgotten, b learnt their share.
-    5. The host's refusal with nothing taken since the cut: one request at a time after its
-       Retry-After or PROBE_SHARE of the time refused so far; refusing all past --max-backoff,
-       it is paused past the run's reach. --rate and --per-host bound everything.
+    5. The host's refusal with nothing taken since the cut: one request at a time after its Retry-After or
+       PROBE_SHARE of the time refused so far; its second take ever, ending that, sets W_max to the two's rate
+       (one is no pace). Refusing all past --max-backoff, it is paused past the run. --rate and --per-host bound all.
     """
 
     cap: int  #: --per-host, or --concurrency
@@ -1516,6 +1516,10 @@ class Host:
     def succeeded(self, now: float, sent: float, declared: Optional[Declared] = None) -> None:
         """Any answer but a refusal (a 404 or a 500 says nothing of pace)."""
         self.answered(now, sent, declared, fresh=False, taken=True)
+        if self.refusing_since is not None and self.takes == 1:  # the cut had one take to go by (see 5)
+            self.w_max, self.cut_at = min(self.w_max, 1.0 / max(now - self.last_ok, MIN_WAIT)), now
+            self.k = min(max(CUBIC_C * self.hold / self.w_max, RATE_SPAN), self.longest)
+            self.next_slot = max(self.next_slot, now + 1.0 / self.rate(now))
         self.last_ok, self.refusing_since, self.in_a_row, self.takes = now, None, 0, self.takes + 1
         if self.w_max is None:
             self.limit = min(self.cap, self.limit + SLOW_START_STEP)
@@ -1594,15 +1598,12 @@ class Host:
             self.declared(now, declared, taken)
 
     def declared(self, now: float, declared: Declared, taken: bool = True) -> None:
-        """A quota an answer declared. What is left is worth as many requests
-        as the count falls by per answer of this run's in the window: more
-        than one when other clients spend the same key, less when some
-        answers cost nothing (GitHub counts no 304). The largest fall is left
-        out (one burst of another client's is no steady rate), and the first
-        answer is taken to cost one, so a few answers move the measure little.
-        A window renewed at its reset whose first answer takes the request
-        but says none of its two or more is left contradicts itself: the
-        host's declarations are not believed from then on (see 1)."""
+        """A quota an answer declared. What is left is worth as many requests as the count falls by per answer
+        of this run's in the window: more than one when other clients spend the same key, less when some answers
+        cost nothing (GitHub counts no 304). The largest fall is left out (one burst of another client's is no
+        steady rate), and the first answer is taken to cost one, so a few answers move the measure little. A
+        window renewed at its reset whose first answer takes the request but says none of its two or more is
+        left contradicts itself: the host's declarations are not believed from then on (see 1)."""
         held, reset_at = self.quotas.get(declared.bucket), now + declared.reset
         if declared.bucket in self.renewed and held is None:
             self.renewed.discard(declared.bucket)
@@ -1663,13 +1664,10 @@ class Host:
             self.down_since, self.probes, self.probing, self.paused_until = None, 0, False, 0.0
 
     def unreachable(self, now: float, wait: Callable[[int], float]) -> bool:
-        """A request that never reached the host; True when the host is down.
-
-        The DOWN_AFTER-th in a row takes it down: one request at a time,
-        paused for wait(1). Requests already in flight then fail too, but
-        only the one let through after the pause is a probe: when it fails,
-        the pause before the next is wait(failed probes + 1).
-        """
+        """A request that never reached the host; True when the host is down. The DOWN_AFTER-th in a row
+        takes it down: one request at a time, paused for wait(1). Requests already in flight then fail too,
+        but only the one let through after the pause is a probe: when it fails, the pause before the next
+        is wait(failed probes + 1)."""
         self.inflight -= 1
         self.unreached += 1
         if self.down_since is None and self.unreached >= DOWN_AFTER:
