@@ -1449,8 +1449,8 @@ class Host:
        no pace a later cut finds over it; 1/N until measured); one saying it is a rate limit is.
     4. The host's refusal of a request sent after the last cut is a cut: W_max the pace it took (over
        the last RATE_SPAN before the first refusal since the cut, if higher), the rate BETA W_max, then
-       W(t) = W_max (1 - BETA) ((t - K) / K)^3 + W_max, K = CUBIC_C h / W_max in [RATE_SPAN, --max-backoff],
-       h doubled by each cut in a row finding W_max within [BETA, 1 / BETA] of the last, else 1. Cuts
+       W(t) = W_max (1 - BETA) ((t - K) / K)^3 + W_max, K = CUBIC_C 2^n / W_max in [RATE_SPAN, (n + 1)
+       --max-backoff], n the cuts in a row finding W_max within [BETA, 1 / BETA] of the last. Cuts
        leaving refusals over the bar for N answers were not the limit's: forgotten, b learnt their share.
     5. The host's refusal with nothing taken since the cut: one request at a time after its Retry-After or
        PROBE_SHARE of the time refused so far; its second take ever, ending that, sets W_max to the two's rate
@@ -1470,6 +1470,7 @@ class Host:
     cut_at: float = -math.inf
     k: float = RATE_SPAN  #: K: seconds from the last cut back to W_max (see 4)
     hold: float = 1.0  #: K's CUBIC_C requests, doubled for each cut in a row that found about the same W_max
+    again: int = 0  #: those cuts in a row: K is at most --max-backoff for each, and one more
     last_ok: float = -math.inf  #: its last answer that was no refusal
     refusing_since: Optional[float] = None  #: refusing everything since (see 5)
     in_a_row: int = 0  #: its refusals since its last answer that was none
@@ -1518,7 +1519,7 @@ class Host:
         self.answered(now, sent, declared, fresh=False, taken=True)
         if self.refusing_since is not None and self.takes == 1:  # the cut had one take to go by (see 5)
             self.w_max, self.cut_at = min(self.w_max, 1.0 / max(now - self.last_ok, MIN_WAIT)), now
-            self.k = min(max(CUBIC_C * self.hold / self.w_max, RATE_SPAN), self.longest)
+            self.k = min(max(CUBIC_C * self.hold / self.w_max, RATE_SPAN), (self.again + 1) * self.longest)
             self.next_slot = max(self.next_slot, now + 1.0 / self.rate(now))
         self.last_ok, self.refusing_since, self.in_a_row, self.takes = now, None, 0, self.takes + 1
         if self.w_max is None:
@@ -1569,10 +1570,11 @@ class Host:
         over = [sent for _, fresh, _, sent in self.recent if fresh and sent > self.cut_at]  # sampled if under W_max,
         over = sum(1 for sent in over if w_max <= self.rate(sent) < self.w_max) if self.w_max else 0  # not if over this one
         self.sample = self.sample or [0, 0, 0]  # cuts in a row share one sample (see 4)
-        agreed = self.w_max is not None and BETA <= w_max / self.w_max <= 1 / BETA  # a limit found again: trusted longer
-        self.hold = max(1.0, min(2 * self.hold, self.longest * w_max / CUBIC_C)) if agreed else 1.0
+        self.again = self.again + 1 if self.w_max and BETA <= w_max / self.w_max <= 1 / BETA else 0  # found again
+        span = (self.again + 1) * self.longest  # a limit found again and again is probed more and more rarely
+        self.hold = max(1.0, min(2 * self.hold, span * w_max / CUBIC_C)) if self.again else 1.0
         self.w_max, self.cut_at, self.sample[2] = w_max, now, self.sample[2] + over
-        self.k = min(max(CUBIC_C * self.hold / self.w_max, RATE_SPAN), self.longest)  # no wait of the model is longer (see 5)
+        self.k = min(max(CUBIC_C * self.hold / self.w_max, RATE_SPAN), span)
         self.next_slot = max(self.next_slot, now + 1.0 / self.rate(now))
 
     def taken(self, now: float, since: float) -> float:
