@@ -55,6 +55,9 @@ Scenarios (all by default):
                  3,000 ids in three shards, then --cover; skipped without parallel
   nginx-slow     nginx's limit_req at the slow limits of public APIs: 1 r/s (90 ids),
                  2 and 5 r/s with no burst, 10 r/s burst 5 nodelay; no --rate
+  nginx-twins    every row of the tests' limiter table that limit_req can make
+                 (0.5 to 100 r/s, burst or none, queued or nodelay, 429 or 503),
+                 against real nginx with the row's ids, beside the row's bounds
   model          the tests' limiter shapes at 2 to 500 r/s, two minutes of ideal each
                  (--minutes), and the penalty box, on the fake clock through redrive's own run loop
   refresh        a nightly sync of 10,000 ids with ETags: night 1 fetches all;
@@ -1092,15 +1095,14 @@ http {{
     access_log {dir}/access.log status;
     client_body_temp_path {dir}/tmp; proxy_temp_path {dir}/tmp; fastcgi_temp_path {dir}/tmp;
     uwsgi_temp_path {dir}/tmp; scgi_temp_path {dir}/tmp;
-    limit_req_zone $server_name zone=api:1m rate={rate}r/s;
+    limit_req_zone $server_name zone=api:1m rate={rate};
     limit_req_status {status};
     server {{
         listen 127.0.0.1:{port};
         server_name bench;
         location /items/ {{
             limit_req zone=api{burst}{nodelay};
-            root {dir}/www;
-            default_type application/json;
+            {serve}
         }}
     }}
 }}
@@ -1121,10 +1123,11 @@ def nginx(folder, count, opt):
           f"concurrency {opt.concurrency}, no --rate unless shown", rows)
 
 
-def nginx_row(binary, folder, rate, burst, nodelay, count, opt, given=None, status=429):
+def nginx_row(binary, folder, rate, burst, nodelay, count, opt, given=None, status=429, lone=0):
     """(label, figures) for one limiter: wall against (N - burst) / rate, and the share of 429s;
-    `given`: the --rate given by hand (None: discovered), or "bare": paced_loop told the limit."""
-    run_dir = folder / f"nginx-{rate}-{burst}-{int(nodelay)}-{status}{f'-rate-{given}' if given else ''}"
+    `given`: the --rate given by hand (None: discovered), or "bare": paced_loop told the limit;
+    `lone`: nginx in front of the bench's server, `lone` % of whose ids answer 429 + Retry-After: 1 once."""
+    run_dir = folder / f"nginx-{rate}-{burst}-{int(nodelay)}-{status}-{lone}{f'-rate-{given}' if given else ''}"
     hand, shown = by_hand(given) if given != "bare" else ([], f", a bare client paced at {rate * PACED_SHARE:g} r/s")
     (run_dir / "www" / "items").mkdir(parents=True)
     (run_dir / "tmp").mkdir()
@@ -1133,8 +1136,10 @@ def nginx_row(binary, folder, rate, burst, nodelay, count, opt, given=None, stat
             (run_dir / "www" / "items" / f"i{n}").write_text(json.dumps({"id": f"i{n}", "title": "x" * 200}))
     port = free_port()
     conf = run_dir / "nginx.conf"
-    conf.write_text(NGINX_CONF.format(dir=run_dir, port=port, rate=rate, burst=f" burst={burst}" if burst else "",
-                                      nodelay=" nodelay" if nodelay else "", status=status))
+    backend, base = start_server(opt.latency, faults=fault_table({"429-lone": lone})) if lone else (None, None)
+    serve = f"proxy_pass {base};" if lone else f"root {run_dir}/www; default_type application/json;"
+    conf.write_text(NGINX_CONF.format(dir=run_dir, port=port, rate=nginx_rate(rate), burst=f" burst={burst}" if burst else "",
+                                      nodelay=" nodelay" if nodelay else "", status=status, serve=serve))
     server = subprocess.Popen([binary, "-c", str(conf), "-p", str(run_dir), "-e", str(run_dir / "error.log")],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -1152,6 +1157,8 @@ def nginx_row(binary, folder, rate, burst, nodelay, count, opt, given=None, stat
     finally:
         server.terminate()
         server.wait()
+        if backend:
+            backend.terminate()
     log = [line.split() for line in (run_dir / "access.log").read_text().splitlines()]
     statuses = Counter(row[-1] for row in log)
     sent, throttled = sum(statuses.values()), statuses[str(status)]
@@ -1161,6 +1168,7 @@ def nginx_row(binary, folder, rate, burst, nodelay, count, opt, given=None, stat
     spread = "n/a (queued)" if queued else f"{send_spread([float(row[0]) for row in log]) * 1000:.1f} ms"
     ideal = (count - burst) / rate
     label = (f"{rate} r/s, burst {burst}{' nodelay' if nodelay else ''}{', 503' if status == 503 else ''}, {count} ids"
+             f"{f', {lone}% of them refused once by the application behind' if lone else ''}"
              f"{shown} (exit {run.code})")
     show_error(run)
     return label, (f"wall {run.wall:.1f} s = {run.wall / ideal:.2f} x (N - burst) / rate (target <= 1.15), "
@@ -1168,6 +1176,11 @@ def nginx_row(binary, folder, rate, burst, nodelay, count, opt, given=None, stat
                    f"{early} in the first second, {throttled - early} after), "
                    f"send spread {spread}, "
                    f"CPU {cpu_us(run, sent):.0f} us/request, peak {run.rss:.0f} MB")
+
+
+def nginx_rate(rate):
+    """limit_req's rate: whole requests a second, or a minute (0.5 -> '30r/m')."""
+    return f"{rate:g}r/s" if rate == int(rate) else f"{rate * 60:g}r/m"
 
 
 def send_spread(arrivals):
@@ -1559,6 +1572,26 @@ def nginx_slow(folder, count, opt):
           f"concurrency {opt.concurrency}, no --rate", rows)
 
 
+def nginx_twins(folder, count, opt):
+    """Each row of the tests' limiter table that limit_req can make (a leaky bucket: burst or none,
+    queued or nodelay, 429 or 503), against real nginx with the row's ids, beside the row's bounds."""
+    binary = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.path.exists(p)), None)
+    if not binary:
+        print("\nnginx-twins: skipped: nginx is not installed (apt-get install nginx)")
+        return
+    sys.path.insert(0, str(HERE))
+    import test_redrive as t
+    rows = []
+    for name, (limiter, ids, _, most_time, most_refused) in t.LIMITERS.items():
+        limit, lone = (limiter.limit, limiter.lone.share) if type(limiter) is t.Behind else (limiter, 0)
+        if type(limit) is t.Leaky and not limit.halved:  # a limit that changes: limit-change, nginx's arithmetic
+            label, figures = nginx_row(binary, folder, limit.rate, limit.burst, limit.burst and not limit.delay,
+                                       count or ids, opt, None, limit.status, lone)
+            rows.append((f"{name}: {label}", f"{figures}; the fake clock's bound: {most_time} x, {most_refused:.0%}"))
+    table(f"nginx {nginx_version(binary)} limit_req, the twins of the tests' limiter table, every 50th id a 404, "
+          f"concurrency {opt.concurrency}, no --rate", rows)
+
+
 def model(folder, count, opt):
     """The limiter shapes of the tests' table, each for --minutes of its ideal or more, played on the
     fake clock through redrive's own run loop (test_redrive.drive): time over ideal and refusals."""
@@ -1607,12 +1640,12 @@ SCENARIOS = {"clean": clean, "flaky": flaky, "rate-limited": rate_limited, "lone
              "limit-change": limit_change, "chaos": chaos, "declared": declared,
              "shards-on-one-key": shards_on_one_key, "no-limit-throttles": no_limit_throttles,
              "shards-parallel": shards_parallel, "refresh": refresh, "nginx-slow": nginx_slow,
-             "model": model, "first-run": first_run, "resume-first-nights": resume_first_nights}
+             "nginx-twins": nginx_twins, "model": model, "first-run": first_run, "resume-first-nights": resume_first_nights}
 COUNTS = {"clean": 10_000, "flaky": 10_000, "rate-limited": 3_000, "lone-429": 10_000, "resume": 1_000_000, "fsync": 5_000,
           "stop": 1_000_000, "nginx": 0,
           "fixed-window": 0, "token-bucket": 0, "limit-and-lone": 0, "limit-change": 4_500, "chaos": 10_000,
           "declared": 0, "shards-on-one-key": 0, "no-limit-throttles": 10_000, "shards-parallel": 3_000,
-          "refresh": 10_000, "nginx-slow": 0, "model": 0, "first-run": 2_000_000, "resume-first-nights": 1_000_000}
+          "refresh": 10_000, "nginx-slow": 0, "nginx-twins": 0, "model": 0, "first-run": 2_000_000, "resume-first-nights": 1_000_000}
 
 
 def main(argv=None):
