@@ -198,6 +198,10 @@ LOG_INTERVAL = 30.0
 #: Statuses that say "not now": a throttle, the host's or one id's (see Host).
 THROTTLE_STATUSES = frozenset({429, 503})
 
+#: An id's rate-limit 403 that says nothing of when waits a minute, doubled for
+#: each in a row (the rule GitHub documents for its secondary limits).
+SECONDARY_WAIT = 60.0
+
 #: Seconds of history behind the requests-per-second figure and the ETA.
 RATE_WINDOW = 10.0
 
@@ -1384,8 +1388,7 @@ class Redactor:
 
 # --------------------------------------------------------------- host gates
 
-#: Slow start: a low limit is met by a handful of requests, not by
-#: --concurrency of them; each answer adds half a request (x1.5 a round trip).
+#: Slow start: a low limit meets a handful of requests, not --concurrency; each answer adds half a request.
 START_LIMIT = 4
 SLOW_START_STEP = 0.5
 
@@ -1398,9 +1401,8 @@ RATE_SPAN = 1.0
 #: so many standard deviations of a Poisson count, and never one refusal alone.
 SHARE_SIGMAS = 2.0
 
-#: CUBIC's cut (RFC 9438) to BETA x W_max, and its curve's time scale: back at W_max after
-#: CUBIC_C requests' worth of time at it, so slow limits are probed as rarely per request as
-#: fast ones. A limit is a fixed line, not a shared link: a cut shallower than TCP's 0.7 will do.
+#: CUBIC's cut (RFC 9438) to BETA x W_max, shallower than TCP's 0.7 (a limit is a fixed line, not a shared link), and
+#: its time scale: back at W_max after CUBIC_C requests' time at it (slow limits probed as rarely per request as fast).
 BETA = 0.85
 CUBIC_C = 60.0
 
@@ -1408,12 +1410,7 @@ CUBIC_C = 60.0
 #: after this share of the time it has refused so far: a window's end is found that late at most.
 PROBE_SHARE = 0.25
 
-#: Slack after a declared reset, for two clocks a little apart.
-QUOTA_MARGIN = 0.1
-
-#: A rate-limit 403 that says nothing of when: a minute, doubled for each in a
-#: row (the rule GitHub documents for its secondary limits).
-SECONDARY_WAIT = 60.0
+QUOTA_MARGIN = 0.1  #: slack after a declared reset, for two clocks a little apart
 
 
 @dataclass
@@ -1438,23 +1435,22 @@ class Quota:
 class Host:
     """One origin's gate: how many requests may be in flight, and when the next may go.
 
-    1. A declared quota is believed: what is left, less what is in flight, spread up to its
-       reset, a unit worth 1 / (its fall per answer, the largest fall left out) requests; at
-       none left, one request after the reset. The tightest bucket governs. A renewed window
-       whose first success says none of 2+ is left is a lie: no declaration is believed since.
+    1. A declared quota is believed: what is left (less what is in flight, a unit worth 1 / its fall per answer, the
+       largest fall left out) spread up to its reset; none left, one request after it. The tightest bucket governs; a
+       renewed window whose first success says none of 2+ is left is a lie: no declaration is believed since.
     2. Slow start: START_LIMIT in flight, SLOW_START_STEP more per answer, one less per refusal.
-    3. A fresh refusal (429 or 503 of an id not refused for itself just before) is the host's
-       when the fresh refusals among its last SHARE_ANSWERS answers sent after the last cut
-       exceed bN + SHARE_SIGMAS sqrt(bN) + 1 (b: its share refused while paced below W_max, but at
-       no pace a later cut finds over it; 1/N until measured); one saying it is a rate limit is.
-    4. The host's refusal of a request sent after the last cut is a cut: W_max the pace it took (over
-       the last RATE_SPAN before the first refusal since the cut, if higher), the rate BETA W_max, then
-       W(t) = W_max (1 - BETA) ((t - K) / K)^3 + W_max, K = CUBIC_C 2^n / W_max in [RATE_SPAN, (n + 1)
-       --max-backoff], n the cuts in a row finding W_max within [BETA, 1 / BETA] of the last. Cuts
-       leaving refusals over the bar for N answers were not the limit's: forgotten, b learnt their share.
-    5. The host's refusal with nothing taken since the cut: one request at a time after its Retry-After or
-       PROBE_SHARE of the time refused so far; its second take ever, ending that, sets W_max to the two's rate
-       (one is no pace). Refusing all past --max-backoff, it is paused past the run. --rate and --per-host bound all.
+    3. A fresh refusal (429 or 503 of an id not refused for itself just before) is the host's if it says it is a rate
+       limit, or if those in its last SHARE_ANSWERS answers sent since the cut exceed bN + SHARE_SIGMAS sqrt(bN) + 1
+       (b: its share refused while paced below W_max, at no pace a later cut finds over it; 1/N unmeasured).
+    4. The host's refusal of a request sent after the last cut is a cut: W_max the pace it took (over the RATE_SPAN
+       before the cut's first refusal, if higher), the rate BETA W_max, then W(t) = W_max (1 - BETA) ((t - K) / K)^3 +
+       W_max, K = CUBIC_C 2^n / W_max in [RATE_SPAN, (n + 1) --max-backoff], n the cuts in a row finding W_max within
+       [BETA, 1 / BETA] of the last. Cuts that leave refusals over the bar for N answers were not the limit's: undone.
+    5. A cut after the host's only take (one is no pace) searches instead the interval between takes, one request at a
+       time: at the geometric middle of the longest gap refused and the shortest taken (at first --max-backoff), or at
+       a Retry-After; within sqrt(BETA), W_max is 1 / the shortest. Else a refusal with nothing taken since the cut:
+       one request at a time after its Retry-After or PROBE_SHARE of the time refused so far. Refusing all past
+       --max-backoff, it is paused past the run. --rate and --per-host bound all.
     """
 
     cap: int  #: --per-host, or --concurrency
@@ -1472,8 +1468,9 @@ class Host:
     hold: float = 1.0  #: K's CUBIC_C requests, doubled for each cut in a row that found about the same W_max
     again: int = 0  #: those cuts in a row: K is at most --max-backoff for each, and one more
     last_ok: float = -math.inf  #: its last answer that was no refusal
+    ok_sent: float = -math.inf  #: when that one was sent
     refusing_since: Optional[float] = None  #: refusing everything since (see 5)
-    in_a_row: int = 0  #: its refusals since its last answer that was none
+    bounds: Optional[list] = None  #: [lo, hi] s: the interval between its takes, searched for (see 5)
     takes: int = 0  #: its answers that were no refusal
     refusals: int = 0  #: its refusals of any kind
     sample: Optional[list] = None  #: answers, fresh refusals, and those over a limit found since (see 3), until N
@@ -1491,13 +1488,12 @@ class Host:
         """The CUBIC rate at `now`, req/s (None: the host was never cut)."""
         if self.w_max is None:
             return None
-        k = self.k
-        return max(self.w_max * (1.0 - BETA) / k ** 3 * (now - self.cut_at - k) ** 3 + self.w_max, 1.0 / self.longest)
+        return max(self.w_max * (1.0 - BETA) / self.k ** 3 * (now - self.cut_at - self.k) ** 3 + self.w_max, 1 / self.longest)
 
     def opens_at(self, now: float) -> Optional[float]:
         """When the gate lets the next request through: now, later, or None (full)."""
         renewed = any(q.reset_at + QUOTA_MARGIN <= now for q in self.quotas.values())
-        one = self.down_since is not None or self.refusing_since is not None or renewed
+        one = self.down_since is not None or self.refusing_since is not None or self.bounds is not None or renewed
         ceiling = 1 if one else min(self.cap, int(self.limit)) if self.w_max is None else self.cap
         if self.inflight >= ceiling:
             return None
@@ -1517,13 +1513,10 @@ class Host:
     def succeeded(self, now: float, sent: float, declared: Optional[Declared] = None) -> None:
         """Any answer but a refusal (a 404 or a 500 says nothing of pace)."""
         self.answered(now, sent, declared, fresh=False, taken=True)
-        if self.refusing_since is not None and self.takes == 1:  # the cut had one take to go by (see 5)
-            self.w_max, self.cut_at = min(self.w_max, 1.0 / max(now - self.last_ok, MIN_WAIT)), now
-            self.k = min(max(CUBIC_C * self.hold / self.w_max, RATE_SPAN), (self.again + 1) * self.longest)
-            self.next_slot = max(self.next_slot, now + 1.0 / self.rate(now))
-        self.last_ok, self.refusing_since, self.in_a_row, self.takes = now, None, 0, self.takes + 1
-        if self.w_max is None:
-            self.limit = min(self.cap, self.limit + SLOW_START_STEP)
+        if self.bounds is not None:  # a test of the search (see 5)
+            self.searched(now, sent, None, taken=True)
+        self.last_ok, self.ok_sent, self.refusing_since, self.takes = now, sent, None, self.takes + 1
+        self.limit = min(self.cap, self.limit + SLOW_START_STEP) if self.w_max is None else self.limit  # slow start
 
     def unanswered(self, now: float, sent: float) -> None:
         """A request that reached the host and got no answer (a timeout, a drop): no sign either way."""
@@ -1537,11 +1530,13 @@ class Host:
         self.refusals += 1
         spent = declared is not None and declared.remaining < 1 and declared.reset > 0  # a reset now or past: no wait
         refusing = self.last_ok < self.cut_at  # nothing taken since the cut: it refuses everything (see 5)
+        if self.bounds is not None and not spent:  # a test of the search (see 5)
+            self.refusing_since = self.cut_at if refusing and self.refusing_since is None else self.refusing_since
+            self.searched(now, sent, wait, taken=False)
+            return True
         if not (said or spent or refusing or sent <= self.cut_at or fresh and self.over_background()):
-            if self.w_max is None:  # slow start: a refused slot is not filled again, whoever's the refusal
-                self.limit = max(1.0, self.limit - 1.0)
+            self.limit = max(1.0, self.limit - 1.0) if self.w_max is None else self.limit  # a refused slot: not refilled
             return False
-        self.in_a_row += 1
         if spent or sent <= self.cut_at:  # the quota's gate waits for its reset; one cut per round trip
             self.pause(now, wait if spent else None)
             return True
@@ -1552,6 +1547,9 @@ class Host:
             self.pause(now, probe if wait is None else wait)
         else:
             self.cut(now)
+            if self.takes == 1:  # one take is no pace: search for the interval between takes (see 5)
+                self.bounds = [0.0, self.longest]
+                self.searched(now, sent, wait, taken=False)
         return True
 
     def pause(self, now: float, wait: Optional[float]) -> None:
@@ -1577,6 +1575,21 @@ class Host:
         self.k = min(max(CUBIC_C * self.hold / self.w_max, RATE_SPAN), span)
         self.next_slot = max(self.next_slot, now + 1.0 / self.rate(now))
 
+    def searched(self, now: float, sent: float, wait: Optional[float], taken: bool) -> None:
+        """A test of the interval between the host's takes (see 5): taken, the interval is at most the gap from
+        the last take; refused, longer (a shorter gap taken before says the host changed), or as long as its
+        Retry-After says, whose take then ends the search. The test after is at the bounds' geometric middle."""
+        (lo, hi), gap = self.bounds, max(sent - self.ok_sent, MIN_WAIT)
+        lo, hi = (lo, min(hi, gap)) if taken else (max(lo, gap), hi if hi > gap else self.longest)
+        if wait is not None:
+            lo = hi = max(lo, now + wait - self.ok_sent)
+        if taken and math.sqrt(BETA) * hi <= lo:
+            self.w_max, self.cut_at, self.bounds = 1.0 / hi, now, None
+            self.k = min(max(CUBIC_C * self.hold / self.w_max, RATE_SPAN), (self.again + 1) * self.longest)
+            self.next_slot = now + 1.0 / self.rate(now)
+        else:
+            self.bounds, self.next_slot = [lo, hi], (sent if taken else self.ok_sent) + math.sqrt(lo * hi)
+
     def taken(self, now: float, since: float) -> float:
         """The pace of the answers it took since `since` (not before its first request)."""
         since = since if self.first_sent is None else max(since, self.first_sent)
@@ -1600,16 +1613,13 @@ class Host:
             self.declared(now, declared, taken)
 
     def declared(self, now: float, declared: Declared, taken: bool = True) -> None:
-        """A quota an answer declared. What is left is worth as many requests as the count falls by per answer
-        of this run's in the window: more than one when other clients spend the same key, less when some answers
-        cost nothing (GitHub counts no 304). The largest fall is left out (one burst of another client's is no
-        steady rate), and the first answer is taken to cost one, so a few answers move the measure little. A
-        window renewed at its reset whose first answer takes the request but says none of its two or more is
-        left contradicts itself: the host's declarations are not believed from then on (see 1)."""
+        """A quota an answer declared. What is left is worth as many requests as the count falls by per answer of
+        this run's in the window (more when other clients spend the key, less when some answers cost nothing),
+        the largest fall left out (another client's burst is no steady rate) and the first answer costing one."""
         held, reset_at = self.quotas.get(declared.bucket), now + declared.reset
         if declared.bucket in self.renewed and held is None:
             self.renewed.discard(declared.bucket)
-            if taken and declared.remaining < 1 and (declared.limit or 0) >= 2:
+            if taken and declared.remaining < 1 and (declared.limit or 0) >= 2:  # renewed, yet spent: a lie (see 1)
                 self.believed, self.quotas = False, {}
                 return
         quota = Quota(declared.remaining - self.inflight, reset_at, declared.limit, declared.remaining,
@@ -1618,16 +1628,14 @@ class Host:
             quota.reset_at = min(reset_at, held.reset_at)  # a reset in whole seconds is late by up to one
             quota.remaining = min(declared.remaining, held.remaining)  # an overtaken answer says more is left
             fall = held.remaining - quota.remaining
-            quota.answered, quota.spent = held.answered + 1, held.spent + fall
-            quota.largest = max(held.largest, fall)
+            quota.answered, quota.spent, quota.largest = held.answered + 1, held.spent + fall, max(held.largest, fall)
             quota.share = quota.answered / (quota.spent - quota.largest + 1)
             quota.left = quota.remaining * quota.share - self.inflight
         self.quotas[declared.bucket] = quota
 
     def sampled(self) -> None:
-        """N answers paced below what the host refused: what it still refused, but at no pace a later cut
-        found over the limit, is its background. Were they still over the bar, the cuts brought no relief:
-        those refusals were the ids' own, and the limit believed in is forgotten."""
+        """N answers paced below W_max: their fresh refusals, less those at a pace a later cut found over the limit,
+        are its background. Still over the bar, the cuts brought no relief: the limit believed in is forgotten."""
         answers, fresh, over = self.sample
         if fresh > self.bar():
             self.w_max, self.cut_at = None, -math.inf
@@ -1639,8 +1647,7 @@ class Host:
         return expected + SHARE_SIGMAS * math.sqrt(expected) + 1
 
     def over_background(self) -> bool:
-        """Are the fresh refusals in its last answers, to requests sent after the
-        last cut (what the cut is judged by), more than its background explains?"""
+        """Are the fresh refusals in its last answers sent after the last cut more than its background explains?"""
         last = itertools.islice(reversed(self.recent), SHARE_ANSWERS)
         return sum(1 for _, fresh, _, sent in last if fresh and sent > self.cut_at) > self.bar()
 
@@ -1654,8 +1661,7 @@ class Host:
         return min(live, key=lambda bq: bq[1].left, default=None)
 
     def forgettable(self, now: float) -> bool:
-        """Idle and as a new host would be (never refused: an id's refusals are judged by its counts):
-        nothing is lost by dropping it."""
+        """Idle and as a new host would be (never refused): nothing is lost by dropping it."""
         return not (self.ready or self.inflight or self.w_max or self.quotas or self.unreached or self.refusals) and \
             self.paused_until <= now
 
@@ -1666,18 +1672,15 @@ class Host:
             self.down_since, self.probes, self.probing, self.paused_until = None, 0, False, 0.0
 
     def unreachable(self, now: float, wait: Callable[[int], float]) -> bool:
-        """A request that never reached the host; True when the host is down. The DOWN_AFTER-th in a row
-        takes it down: one request at a time, paused for wait(1). Requests already in flight then fail too,
-        but only the one let through after the pause is a probe: when it fails, the pause before the next
-        is wait(failed probes + 1)."""
-        self.inflight -= 1
-        self.unreached += 1
+        """A request that never reached the host; True when the host is down. The DOWN_AFTER-th in a row takes it
+        down: one request at a time, paused for wait(1); the one let through after a pause is a probe, and when
+        it fails, the pause before the next is wait(failed probes + 1) (those in flight before fail too)."""
+        self.inflight, self.unreached = self.inflight - 1, self.unreached + 1
         if self.down_since is None and self.unreached >= DOWN_AFTER:
             self.down_since = now
             self.paused_until = max(self.paused_until, now + wait(1))
         elif self.probing:
-            self.probing = False
-            self.probes += 1
+            self.probing, self.probes = False, self.probes + 1
             self.paused_until = max(self.paused_until, now + wait(self.probes + 1))
         return self.down_since is not None
 
