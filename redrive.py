@@ -1584,7 +1584,7 @@ class Host:
         if wait is not None:
             lo = hi = max(lo, now + wait - self.ok_sent)
         if taken and math.sqrt(BETA) * hi <= lo:
-            self.w_max, self.cut_at, self.bounds = 1.0 / hi, now, None
+            self.w_max, self.cut_at, self.bounds, self.sample = 1.0 / hi, now, None, [0, 0, 0]
             self.k = min(max(CUBIC_C * self.hold / self.w_max, RATE_SPAN), (self.again + 1) * self.longest)
             self.next_slot = now + 1.0 / self.rate(now)
         else:
