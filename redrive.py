@@ -1393,7 +1393,7 @@ START_LIMIT = 4
 SLOW_START_STEP = 0.5
 
 #: The answers the share rule counts refusals in, and a background sample's size. The pace a host
-#: took is the lower of its pace over them and over the last RATE_SPAN (most limits' unit): a burst is none.
+#: took is the lower of its pace over them and over its unit, RATE_SPAN or its window if longer: a burst is none.
 SHARE_ANSWERS = 50
 RATE_SPAN = 1.0
 
@@ -1405,10 +1405,6 @@ SHARE_SIGMAS = 2.0
 #: its time scale: back at W_max after CUBIC_C requests' time at it (slow limits probed as rarely per request as fast).
 BETA = 0.85
 CUBIC_C = 60.0
-
-#: A host that refuses everything, with no Retry-After, is probed one request at a time
-#: after this share of the time it has refused so far: a window's end is found that late at most.
-PROBE_SHARE = 0.25
 
 QUOTA_MARGIN = 0.1  #: slack after a declared reset, for two clocks a little apart
 
@@ -1442,15 +1438,16 @@ class Host:
     3. A fresh refusal (429 or 503 of an id not refused for itself just before) is the host's if it says it is a rate
        limit, or if those in its last SHARE_ANSWERS answers sent since the cut exceed bN + SHARE_SIGMAS sqrt(bN) + 1
        (b: its share refused while paced below W_max, at no pace a later cut finds over it; 1/N unmeasured).
-    4. The host's refusal of a request sent after the last cut is a cut: W_max the pace it took (over the RATE_SPAN
-       before the cut's first refusal, if higher), the rate BETA W_max, then W(t) = W_max (1 - BETA) ((t - K) / K)^3 +
-       W_max, K = CUBIC_C 2^n / W_max in [RATE_SPAN, (n + 1) --max-backoff], n the cuts in a row finding W_max within
-       [BETA, 1 / BETA] of the last. Cuts that leave refusals over the bar for N answers were not the limit's: undone.
-    5. A cut after the host's only take (one is no pace) searches instead the interval between takes, one request at a
-       time: at the geometric middle of the longest gap refused and the shortest taken (at first --max-backoff), or at
-       a Retry-After; within sqrt(BETA), W_max is 1 / the shortest. Else a refusal with nothing taken since the cut:
-       one request at a time after its Retry-After or PROBE_SHARE of the time refused so far. Refusing all past
-       --max-backoff, it is paused past the run. --rate and --per-host bound all.
+    4. The host's refusal of a request sent after the last cut is a cut: W_max the pace it took (over the unit before
+       the cut's first refusal, if higher), the rate BETA W_max, then W(t) = W_max (1 - BETA) ((t - K) / K)^3 + W_max,
+       K = CUBIC_C 2^n / W_max in [unit, (n + 1) --max-backoff], n the cuts in a row finding W_max within [BETA,
+       1 / BETA] of the last. Cuts that leave refusals over the bar for N answers were not the limit's: undone.
+    5. A cut after its only take (one is no pace), or a refusal with nothing taken since the cut, searches for the next
+       take, one request at a time, at a gap from the last take's send: the geometric middle of the longest refused and
+       the shortest taken (--max-backoff at first; after 2+ takes, at most twice the longest refused), or a Retry-After.
+       A take after 2+ (a quota renewed) ends it: W_max its takes over its window, the curve at its top; the unit is the
+       shortest such window if over RATE_SPAN. One take's interval ends within sqrt(BETA): W_max 1 / the shortest
+       taken. Refusing all past --max-backoff, it is paused past the run. --rate and --per-host bound all.
     """
 
     cap: int  #: --per-host, or --concurrency
@@ -1470,7 +1467,9 @@ class Host:
     last_ok: float = -math.inf  #: its last answer that was no refusal
     ok_sent: float = -math.inf  #: when that one was sent
     refusing_since: Optional[float] = None  #: refusing everything since (see 5)
-    bounds: Optional[list] = None  #: [lo, hi] s: the interval between its takes, searched for (see 5)
+    bounds: Optional[list] = None  #: [lo, hi] s: the gap from its last take to its next, searched for (see 5)
+    cycle: Optional[tuple] = None  #: (sent, takes before it) of the take that began its cycle (see 5)
+    window: float = 0.0  #: its shortest cycle of a quota (see 5; 0: none seen)
     takes: int = 0  #: its answers that were no refusal
     refusals: int = 0  #: its refusals of any kind
     sample: Optional[list] = None  #: answers, fresh refusals, and those over a limit found since (see 3), until N
@@ -1486,14 +1485,13 @@ class Host:
 
     def rate(self, now: float) -> Optional[float]:
         """The CUBIC rate at `now`, req/s (None: the host was never cut)."""
-        if self.w_max is None:
-            return None
-        return max(self.w_max * (1.0 - BETA) / self.k ** 3 * (now - self.cut_at - self.k) ** 3 + self.w_max, 1 / self.longest)
+        curve = None if self.w_max is None else self.w_max * (1 - BETA) / self.k ** 3 * (now - self.cut_at - self.k) ** 3
+        return None if curve is None else max(curve + self.w_max, 1 / self.longest)
 
     def opens_at(self, now: float) -> Optional[float]:
         """When the gate lets the next request through: now, later, or None (full)."""
         renewed = any(q.reset_at + QUOTA_MARGIN <= now for q in self.quotas.values())
-        one = self.down_since is not None or self.refusing_since is not None or self.bounds is not None or renewed
+        one = self.down_since is not None or self.bounds is not None or renewed  # a search, or down (see 5)
         ceiling = 1 if one else min(self.cap, int(self.limit)) if self.w_max is None else self.cap
         if self.inflight >= ceiling:
             return None
@@ -1531,76 +1529,81 @@ class Host:
         spent = declared is not None and declared.remaining < 1 and declared.reset > 0  # a reset now or past: no wait
         refusing = self.last_ok < self.cut_at  # nothing taken since the cut: it refuses everything (see 5)
         if self.bounds is not None and not spent:  # a test of the search (see 5)
-            self.refusing_since = self.cut_at if refusing and self.refusing_since is None else self.refusing_since
             self.searched(now, sent, wait, taken=False)
             return True
         if not (said or spent or refusing or sent <= self.cut_at or fresh and self.over_background()):
             self.limit = max(1.0, self.limit - 1.0) if self.w_max is None else self.limit  # a refused slot: not refilled
             return False
         if spent or sent <= self.cut_at:  # the quota's gate waits for its reset; one cut per round trip
-            self.pause(now, wait if spent else None)
+            self.paused_until = max(self.paused_until, now + wait) if spent and wait is not None else self.paused_until
             return True
-        if refusing:  # a window ran out (see 5)
-            self.refusing_since = self.cut_at if self.refusing_since is None else self.refusing_since
-            self.sample = None  # the cut did not hold: no measure of the background
-            probe = min(max(PROBE_SHARE * (now - self.refusing_since), 1.0 / self.rate(now)), self.longest)
-            self.pause(now, probe if wait is None else wait)
-        else:
+        if not refusing:
             self.cut(now)
-            if self.takes == 1:  # one take is no pace: search for the interval between takes (see 5)
-                self.bounds = [0.0, self.longest]
-                self.searched(now, sent, wait, taken=False)
+        if refusing or self.takes == 1:  # a quota ran out, or one take is no pace: search for the next take (see 5)
+            self.bounds, self.sample = [0.0, self.longest], None  # the cut did not hold: no measure of the background
+            self.searched(now, sent, wait, taken=False)
         return True
-
-    def pause(self, now: float, wait: Optional[float]) -> None:
-        if wait is not None:
-            self.paused_until = max(self.paused_until, now + wait)
 
     def cut(self, now: float) -> None:
         """W_max to the higher of the pace the host took and its pace over the RATE_SPAN before the first
         refusal since the cut (a limit with no slack takes half once passed); the rate to BETA W_max (see 4)."""
-        took = min(self.taken(now, self.recent[-min(len(self.recent), SHARE_ANSWERS)][0]), self.taken(now, now - RATE_SPAN))
+        unit = max(RATE_SPAN, self.window)  # a window's pace measured over less than it aliases
+        last = max(self.recent[-min(len(self.recent), SHARE_ANSWERS)][0], (self.cycle or (-math.inf,))[0])  # this cycle's
+        took = min(self.taken(now, last), self.taken(now, now - unit))
         onset = next((at for at, fresh, _, sent in self.recent if fresh and sent > self.cut_at), now)
-        takes = [at for at, _, ok, _ in self.recent if ok and self.first_sent + RATE_SPAN <= at < onset]  # no first burst
-        start = max((i for i, at in enumerate(takes) if at <= onset - RATE_SPAN), default=len(takes))
+        takes = [at for at, _, ok, _ in self.recent if ok and self.first_sent + unit <= at < onset]  # no first burst
+        start = max((i for i, at in enumerate(takes) if at <= onset - unit), default=len(takes))
         top = takes[start:]  # from the last take at or before the RATE_SPAN that ends at the onset
         w_max = max(took, (len(top) - 1) / (top[-1] - top[0]) if len(top) >= 2 else 0.0)
         over = [sent for _, fresh, _, sent in self.recent if fresh and sent > self.cut_at]  # sampled if under W_max,
         over = sum(1 for sent in over if w_max <= self.rate(sent) < self.w_max) if self.w_max else 0  # not if over this one
         self.sample = self.sample or [0, 0, 0]  # cuts in a row share one sample (see 4)
         self.again = self.again + 1 if self.w_max and BETA <= w_max / self.w_max <= 1 / BETA else 0  # found again
-        span = (self.again + 1) * self.longest  # a limit found again and again is probed more and more rarely
+        span, self.sample[2] = (self.again + 1) * self.longest, self.sample[2] + over
         self.hold = max(1.0, min(2 * self.hold, span * w_max / CUBIC_C)) if self.again else 1.0
-        self.w_max, self.cut_at, self.sample[2] = w_max, now, self.sample[2] + over
-        self.k = min(max(CUBIC_C * self.hold / self.w_max, RATE_SPAN), span)
+        self.climb(now, w_max)
+
+    def climb(self, now: float, w_max: float, top: bool = False) -> None:
+        """The curve of 4 from a cut at `now` to BETA `w_max` (`top`: at W_max), K no shorter than its quota's window."""
+        k = max(CUBIC_C * self.hold / w_max, RATE_SPAN, self.window)
+        self.k = min(k, (self.again + 1) * self.longest)  # a limit found again and again is probed more and more rarely
+        self.w_max, self.cut_at = w_max, now - self.k if top else now
         self.next_slot = max(self.next_slot, now + 1.0 / self.rate(now))
 
     def searched(self, now: float, sent: float, wait: Optional[float], taken: bool) -> None:
-        """A test of the interval between the host's takes (see 5): taken, the interval is at most the gap from
-        the last take; refused, longer (a shorter gap taken before says the host changed), or as long as its
-        Retry-After says, whose take then ends the search. The test after is at the bounds' geometric middle."""
-        (lo, hi), gap = self.bounds, max(sent - self.ok_sent, MIN_WAIT)
-        lo, hi = (lo, min(hi, gap)) if taken else (max(lo, gap), hi if hi > gap else self.longest)
-        if wait is not None:
-            lo = hi = max(lo, now + wait - self.ok_sent)
-        if taken and math.sqrt(BETA) * hi <= lo:
-            self.w_max, self.cut_at, self.bounds, self.sample = 1.0 / hi, now, None, [0, 0, 0]
-            self.k = min(max(CUBIC_C * self.hold / self.w_max, RATE_SPAN), (self.again + 1) * self.longest)
-            self.next_slot = now + 1.0 / self.rate(now)
+        """A test of the gap from the host's last take to its next (see 5): taken, the gap is at most the test's;
+        refused, longer (if no shorter than one taken or said, the host changed), or as its Retry-After says."""
+        last = max(self.ok_sent, self.first_sent)  # gaps as the server sees them, from the last take's send
+        if not taken and self.last_ok < self.cut_at and self.refusing_since is None:
+            self.refusing_since = self.cut_at  # it refuses everything since the cut
+        (lo, hi), gap = self.bounds, max(sent - last, MIN_WAIT)
+        changed = not taken and gap >= hi  # refused where it took, or where it said it would: its word is no guide
+        lo, hi = (lo, min(hi, gap)) if taken else (max(lo, gap), max(self.longest, 2 * gap) if changed else hi)
+        if wait is not None and not changed:
+            lo = hi = max(lo, now + wait - last)
+        since, before = self.cycle or (self.first_sent, 0)
+        quota, window = self.takes - before, last - since + math.sqrt(lo * hi)  # its takes in the cycle, and its end
+        if taken and (quota >= 2 or math.sqrt(BETA) * hi <= lo):  # a quota renewed, or one take's interval found
+            self.window = min(self.window or math.inf, max(window, MIN_WAIT)) if quota >= 2 else self.window
+            w_max = min(self.w_max, quota / self.window) if quota >= 2 else 1.0 / hi  # a quota's takes over its window
+            self.bounds, self.sample, self.cycle = None, [0, 0, 0], (sent, self.takes)
+            self.climb(now, w_max, top=quota >= 2 and w_max < self.w_max)  # a quota is no pace found over the limit
         else:
-            self.bounds, self.next_slot = [lo, hi], (sent if taken else self.ok_sent) + math.sqrt(lo * hi)
+            step = hi if math.sqrt(BETA) * hi <= lo else math.sqrt(lo * hi)  # bisection in ratio, to within sqrt(BETA)
+            at = (sent if taken else last) + (step if quota < 2 else min(step, 2 * lo))  # a quota's end: found late x2 at most
+            self.bounds, self.next_slot = [lo, hi], min(at, now + max(self.longest, wait or 0.0))
+            self.cycle = (sent, self.takes) if taken else self.cycle
 
     def taken(self, now: float, since: float) -> float:
         """The pace of the answers it took since `since` (not before its first request)."""
         since = since if self.first_sent is None else max(since, self.first_sent)
-        taken = sum(1 for at, _, ok, _ in self.recent if ok and at >= since)
-        return max(taken, 1) / max(now - since, MIN_WAIT)
+        return max(sum(1 for at, _, ok, _ in self.recent if ok and at >= since), 1) / max(now - since, MIN_WAIT)
 
     def answered(self, now: float, sent: float, declared: Optional[Declared], fresh: bool, taken: bool) -> None:
         """One answer: counted in the last ones, and its declared quota kept (see 1)."""
         self.inflight -= 1
         self.recent.append((now, fresh, taken, sent))
-        while len(self.recent) > SHARE_ANSWERS and self.recent[0][0] < now - RATE_SPAN:
+        while len(self.recent) > SHARE_ANSWERS and self.recent[0][0] < now - max(RATE_SPAN, self.window):
             self.recent.popleft()
         if self.sample is not None and sent > self.cut_at and self.rate(sent) < self.w_max:  # paced below it
             self.sample[0], self.sample[1] = self.sample[0] + 1, self.sample[1] + fresh
@@ -1650,10 +1653,6 @@ class Host:
         """Are the fresh refusals in its last answers sent after the last cut more than its background explains?"""
         last = itertools.islice(reversed(self.recent), SHARE_ANSWERS)
         return sum(1 for _, fresh, _, sent in last if fresh and sent > self.cut_at) > self.bar()
-
-    def refusing_for(self, now: float) -> float:
-        """Seconds it has refused everything (0: it has not)."""
-        return 0.0 if self.refusing_since is None else now - self.refusing_since
 
     def quota(self, now: float) -> Optional[tuple]:
         """(bucket, Quota): the declared quota that governs now, the one with the fewest left."""
@@ -4474,11 +4473,12 @@ class Settler:
         hosts = host.throttled(now, item.sent, out.retry_after, fresh=not item.refused, said=out.said,
                                declared=out.quota)
         item.refused = not hosts  # its own trouble: its next refusal is no fresh sign of the host's
-        if hosts and host.refusing_for(now) > cap:  # nothing taken for longer than --max-backoff
-            host.pause(now, max(2 * cap, self.cfg.cooldown) + 1.0)  # past the run's reach (see beyond_reach)
+        test = now if out.retry_after is not None else max(now, host.next_slot)  # its own next test, or its word's
+        if hosts and host.refusing_since is not None and test - host.refusing_since > cap:  # nothing taken so long
+            host.paused_until = max(host.paused_until, now + max(2 * cap, self.cfg.cooldown) + 1.0)  # see beyond_reach
             self.tally.throttled = self.tally.throttled or {
                 "host": shown_host(build_url(self.cfg.request.url, item.id)),
-                "since": iso(self.fx.wallclock() - host.refusing_for(now))}
+                "since": iso(self.fx.wallclock() - (now - host.refusing_since))}
         return hosts and (spent or (out.retry_after or 0.0) <= cap)
 
     def _unreachable(self, host: Host, out: Outcome, now: float) -> bool:
