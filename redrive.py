@@ -4105,6 +4105,7 @@ class Schedule:
 
     def next_wake(self, now: float) -> Optional[float]:
         """When something may be started next: an id's time, a gate, the --rate slot."""
+        self._promote(now)  # an id due now waits on its host's gate: that is its time
         times = [self.heap[0][0]] if self.heap else []
         if self.inflight < self.cfg.concurrency:
             gates = (self.hosts[name].opens_at(now) for name in self.active)

@@ -3581,6 +3581,16 @@ def test_throttle_bound_a_spent_quota_whose_reset_is_past_ends_the_run_with_ever
     assert report["stop"] == "later" and report["counts"]["pending"] + report["counts"]["failed"] == len(ids)
 
 
+def test_throttle_bound_a_host_whose_retry_after_of_0_is_never_true_ends_the_run_with_every_id_pending(server, tmp_path):
+    # a refusal at the time the host said it would take is its word proved wrong: the search stops following it,
+    # so a "come back now" refused for ever is not a request per round trip until --max-backoff
+    ids = [f"r{n}" for n in range(6)]
+    server.replies.update({item: [(429, b"", {"Retry-After": "0"})] for item in ids})
+    code, _, _ = crawl(server, tmp_path, ids, "--max-backoff", "5", fake=FastForward())
+    assert code == ExitCode.INCOMPLETE and state(tmp_path, "unavailable.jsonl") == []
+    assert sum(server.hits.values()) <= 40
+
+
 @pytest.mark.parametrize("body", [
     b'{"message":"Resource not accessible by integration",'
     b'"documentation_url":"https://docs.github.com/rest/overview/rate-limits-for-the-rest-api"}',
