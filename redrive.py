@@ -4476,7 +4476,8 @@ class Settler:
         item.refused = not hosts  # its own trouble: its next refusal is no fresh sign of the host's
         test = now if out.retry_after is not None else max(now, host.next_slot)  # its own next test, or its word's
         if hosts and host.refusing_since is not None and test - host.refusing_since > cap:  # nothing taken so long
-            host.paused_until = max(host.paused_until, now + max(2 * cap, self.cfg.cooldown) + 1.0)  # see beyond_reach
+            # past beyond_reach's bar even at a look that an id's own wait (at most --max-backoff) puts later
+            host.paused_until = max(host.paused_until, now + max(2 * cap, self.cfg.cooldown) + cap + 1.0)
             self.tally.throttled = self.tally.throttled or {
                 "host": shown_host(build_url(self.cfg.request.url, item.id)),
                 "since": iso(self.fx.wallclock() - (now - host.refusing_since))}
@@ -4518,7 +4519,8 @@ class Settler:
             self.books.failed(item, step)
             if step.move is Move.FAIL:
                 self.schedule(Item(item.id, item.pass_no + 1, timed_out=item.timed_out, prior=item.prior,
-                                   listed=item.listed, own=item.own, line=item.line), self.fx.clock() + step.wait)
+                                   listed=item.listed, own=item.own, line=item.line, throttles=item.throttles,
+                                   streak=item.streak), self.fx.clock() + step.wait)  # its refusals in a row go on
         elif step.move is Move.UNAVAILABLE:
             self.books.unavailable(item, step.outcome)
         return f"retry in {duration(step.wait)}" if step.move is Move.RETRY else step.move.value
