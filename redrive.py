@@ -1545,7 +1545,7 @@ class Host:
         return True
 
     def cut(self, now: float) -> None:
-        """W_max to the higher of the pace the host took and its pace over the RATE_SPAN before the first
+        """W_max to the higher of the pace the host took and its pace over the unit before the first
         refusal since the cut (a limit with no slack takes half once passed); the rate to BETA W_max (see 4)."""
         unit = max(RATE_SPAN, self.window)  # a window's pace measured over less than it aliases
         last = max(self.recent[-min(len(self.recent), SHARE_ANSWERS)][0], (self.cycle or (-math.inf,))[0])  # this cycle's
@@ -1553,7 +1553,7 @@ class Host:
         onset = next((at for at, fresh, _, sent in self.recent if fresh and sent > self.cut_at), now)
         takes = [at for at, _, ok, _ in self.recent if ok and self.first_sent + unit <= at < onset]  # no first burst
         start = max((i for i, at in enumerate(takes) if at <= onset - unit), default=len(takes))
-        top = takes[start:]  # from the last take at or before the RATE_SPAN that ends at the onset
+        top = takes[start:]  # from the last take at or before the unit that ends at the onset
         w_max = max(took, (len(top) - 1) / (top[-1] - top[0]) if len(top) >= 2 else 0.0)
         over = [sent for _, fresh, _, sent in self.recent if fresh and sent > self.cut_at]  # sampled if under W_max,
         over = sum(1 for sent in over if w_max <= self.rate(sent) < self.w_max) if self.w_max else 0  # not if over this one
