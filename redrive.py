@@ -250,8 +250,11 @@ MAX_RETRY_AFTER = 86400.0
 
 #: Bounds of every wait of the run loop: a wait never rounds to nothing (a
 #: busy loop, or a CPython SimpleQueue that waits for ever on such a timeout)
-#: and never outlasts this without a fresh look at the run.
-MIN_WAIT = 0.001
+#: and never outlasts MAX_WAIT without a fresh look at the run. A paced slot
+#: is met up to MIN_WAIT late and the time lost is never made up (a limit
+#: with no slack refuses two sent closer than its rate), so MIN_WAIT is far
+#: under the shortest interval a host is paced at.
+MIN_WAIT = 0.0001
 MAX_WAIT = 1.0
 
 #: The interpreter's thread switch interval once requests are paced (CPython's

@@ -3278,7 +3278,10 @@ LIMITERS = {
     'token bucket 100/s, burst 100, Retry-After': (TokenBucket(100, 100), 2100, 32, 1.08, 0.07),
     'token bucket 100/s, burst 10, Retry-After': (TokenBucket(100, 10), 2010, 32, 1.08, 0.03),
     'token bucket 50/s, burst 10, Retry-After': (TokenBucket(50, 10), 1010, 32, 1.08, 0.06),
-    'window 100 a second, Retry-After': (Window(100, 1), 3000, 32, 1.47, 0.05),
+    # a slot every 2 to 2.5 ms: one the run loop meets late is never made up, so its shortest wait must be far less
+    'leaky 500/s, burst 5': (Leaky(500, 5), 10005, 32, 1.15, 0.01),
+    'token bucket 400/s, burst 5, Retry-After': (TokenBucket(400, 5), 8005, 32, 1.15, 0.01),
+    'window 100 a second, Retry-After': (Window(100, 1), 3000, 32, 1.22, 0.05),
     'window 100 a second, none': (Window(100, 1, retry_after=False), 3000, 32, 1.15, 0.09),
     'window 600 a minute, Retry-After': (Window(600, 60), 900, 32, 1.54, 0.08),
     'window 600 a minute, none': (Window(600, 60, retry_after=False), 1500, 32, 1.3, 0.11),
@@ -4300,7 +4303,7 @@ def test_a_retry_after_in_the_year_9999_ends_a_real_quiet_run(server, tmp_path):
 
 
 @pytest.mark.parametrize("given, bounded", [
-    (None, 1.0), (0.0, 0.001), (-5.0, 0.001), (1e-9, 0.001), (1e-6, 0.001), (0.25, 0.25), (1e300, 1.0),
+    (None, 1.0), (0.0, 0.0001), (-5.0, 0.0001), (1e-9, 0.0001), (1e-6, 0.0001), (0.0005, 0.0005), (0.25, 0.25), (1e300, 1.0),
     (float("inf"), 1.0), (float("nan"), 1.0)])
 def test_bounded_wait_never_rounds_to_nothing_nor_runs_away(given, bounded):
     assert redrive.bounded_wait(given) == bounded
