@@ -248,12 +248,9 @@ MAX_COOKIE_BYTES = 16384
 #: server bug, not a plan.
 MAX_RETRY_AFTER = 86400.0
 
-#: Bounds of every wait of the run loop: a wait never rounds to nothing (a
-#: busy loop, or a CPython SimpleQueue that waits for ever on such a timeout)
-#: and never outlasts MAX_WAIT without a fresh look at the run. A paced slot
-#: is met up to MIN_WAIT late and the time lost is never made up (a limit
-#: with no slack refuses two sent closer than its rate), so MIN_WAIT is far
-#: under the shortest interval a host is paced at.
+#: Bounds of every wait of the run loop: never one that rounds to nothing (a busy loop, a SimpleQueue stuck for ever), never
+#: one past MAX_WAIT without a look. A paced slot met late is never made up (a limit with no slack refuses two sent closer
+#: than its rate), so MIN_WAIT is far under the shortest interval a host is paced at.
 MIN_WAIT = 0.0001
 MAX_WAIT = 1.0
 
