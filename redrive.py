@@ -1441,7 +1441,7 @@ class Host:
     4. The host's refusal of a request sent after the last cut is a cut: W_max the pace it took (over the unit before
        the cut's first refusal, if higher), the rate BETA W_max, then W(t) = W_max (1 - BETA) ((t - K) / K)^3 + W_max,
        K = CUBIC_C 2^n / W_max in [unit, (n + 1) --max-backoff], n the cuts in a row finding W_max within [BETA,
-       1 / BETA] of the last. Cuts that leave refusals over the bar for N answers were not the limit's: undone.
+       1 / BETA] of the last. Cuts that leave N answers over the bar are undone; twice in a row, and what they explained.
     5. A cut after its only take (one is no pace), or a refusal with nothing taken since the cut, searches for the next
        take, one request at a time, at a gap from the last take's send: the geometric middle of the longest refused and
        the shortest taken (--max-backoff at first; after 2+ takes, at most twice the longest refused), or a Retry-After.
@@ -1473,6 +1473,7 @@ class Host:
     takes: int = 0  #: its answers that were no refusal
     refusals: int = 0  #: its refusals of any kind
     sample: Optional[list] = None  #: answers, fresh refusals, and those over a limit found since (see 3), until N
+    doubt: Optional[int] = None  #: refusals the cuts explained in a sample that brought no relief (see 4)
     below: list = field(default_factory=lambda: [0, 0])  #: the same, summed over every sample completed
     quotas: dict = field(default_factory=dict)  #: bucket -> Quota
     renewed: set = field(default_factory=set)  #: buckets whose window ran out, until the next declares it
@@ -1637,11 +1638,12 @@ class Host:
         self.quotas[declared.bucket] = quota
 
     def sampled(self) -> None:
-        """N answers paced below W_max: their fresh refusals, less those at a pace a later cut found over the limit,
-        are its background. Still over the bar, the cuts brought no relief: the limit believed in is forgotten."""
+        """N answers paced below W_max: their fresh refusals, less those at a pace a later cut found over the limit, are
+        its background. Over the bar, the cuts brought no relief: W_max is forgotten; twice in a row, nor those either."""
         answers, fresh, over = self.sample
-        if fresh > self.bar():
-            self.w_max, self.cut_at = None, -math.inf
+        relieved, doubted = fresh <= self.bar(), self.doubt
+        over, self.doubt = (over, None) if relieved else (over, over) if doubted is None else (-doubted, None)  # restored
+        self.w_max, self.cut_at = (self.w_max, self.cut_at) if relieved else (None, -math.inf)
         self.below, self.sample = [self.below[0] + answers, max(0, self.below[1] + fresh - over)], None
 
     def bar(self) -> float:
