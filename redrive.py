@@ -1642,7 +1642,7 @@ class Host:
         its background. Over the bar, the cuts brought no relief: W_max is forgotten; twice in a row, nor those either."""
         answers, fresh, over = self.sample
         relieved, doubted = fresh <= self.bar(), self.doubt
-        over, self.doubt = (over, None) if relieved else (over, over) if doubted is None else (-doubted, None)  # restored
+        over, self.doubt = (over, None) if relieved else (over, over) if doubted is None else (-doubted, None)  # 2nd: given back
         self.w_max, self.cut_at = (self.w_max, self.cut_at) if relieved else (None, -math.inf)
         self.below, self.sample = [self.below[0] + answers, max(0, self.below[1] + fresh - over)], None
 
