@@ -285,7 +285,7 @@ DOWN_AFTER = 5
 STATE_FILES = ("results.jsonl", "done.txt", "failed.jsonl", "unavailable.jsonl", "refreshed.jsonl")
 
 #: Every file redrive keeps in a state dir (refuse_foreign_files).
-OWN_FILES = (*STATE_FILES, "run.json", "report.json", "lock", "crash.log", "done.index")
+OWN_FILES = (*STATE_FILES, "run.json", "report.json", "paces.json", "lock", "crash.log", "done.index")
 
 #: A refresh's answers that say the id is gone upstream: it leaves done for unavailable.
 GONE_STATUSES = frozenset({404, 410})
@@ -1434,7 +1434,7 @@ class Host:
     1. A declared quota is believed: what is left (less what is in flight, a unit worth 1 / its fall per answer, the
        largest fall left out) spread up to its reset; none left, one request after it. The tightest bucket governs; a
        renewed window whose first success says none of 2+ is left is a lie: no declaration is believed since.
-    2. Slow start: START_LIMIT in flight, SLOW_START_STEP more per answer, one less per refusal.
+    2. Slow start: START_LIMIT in flight (--per-host at most), SLOW_START_STEP more per answer, one less per refusal.
     3. A fresh refusal (429 or 503 of an id not refused for itself just before) is the host's if it says it is a rate
        limit, or if those in its last SHARE_ANSWERS answers sent since the cut exceed bN + SHARE_SIGMAS sqrt(bN) + 1
        (b: its share refused while paced below W_max, at no pace a later cut finds over it; 1/N unmeasured).
@@ -1442,12 +1442,12 @@ class Host:
        the cut's first refusal, if higher), the rate BETA W_max, then W(t) = W_max (1 - BETA) ((t - K) / K)^3 + W_max,
        K = CUBIC_C 2^n / W_max in [unit, (n + 1) --max-backoff], n the cuts in a row finding W_max within [BETA,
        1 / BETA] of the last. Cuts that leave N answers over the bar are undone; twice in a row, and what they explained.
-    5. A cut after its only take (one is no pace), or a refusal with nothing taken since the cut, searches for the next
-       take, one request at a time, at a gap from the last take's send: the geometric middle of the longest refused and
-       the shortest taken (--max-backoff at first; after 2+ takes, at most twice the longest refused), or a Retry-After.
-       A take after 2+ (a quota renewed) ends it: W_max its takes over its window, the curve at its top; the unit is the
-       shortest such window if over RATE_SPAN. One take's interval ends within sqrt(BETA): W_max 1 / the shortest
-       taken. Refusing all past --max-backoff, it is paused past the run. --rate and --per-host bound all.
+    5. A cut after its only take, or a refusal with nothing taken since the cut, searches for the next take, one request
+       at a time, at a gap from the last take's send: the geometric mean of the longest refused and shortest taken (first
+       --max-backoff; after 2+ takes, at most 2x the longest refused), or a Retry-After. A take after 2+ (a quota renewed)
+       ends it: W_max its takes over its window, the curve at its top; the unit the shortest such window if over RATE_SPAN.
+       One take's interval ends within sqrt(BETA): W_max 1 / the shortest taken. Refusing all past --max-backoff: paused
+       past the run. An earlier run's W_max and window (paces.json) start the curve as its cut did. --rate bounds all.
     """
 
     cap: int  #: --per-host, or --concurrency
@@ -2983,6 +2983,50 @@ def end_refresh(state_dir: Path) -> None:
         write_atomically(state_dir / "run.json", json.dumps(record, indent=2) + "\n")
 
 
+def pace_key(host: str) -> str:
+    """A host as paces.json names it: a digest, so that no host name (a key may sit in one) reaches the file."""
+    return hashlib.sha256(host.encode("utf-8")).hexdigest()[:16]
+
+
+def read_paces(state_dir: Path) -> dict:
+    """STATE_DIR/paces.json: pace_key -> {"pace": req/s, "window": s, "at"}, the
+    limits earlier runs found where none was declared ({} before the first)."""
+    path = state_dir / "paces.json"
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, RecursionError):
+        record = None
+    hosts = record.get("hosts") if isinstance(record, dict) else None
+    number = lambda v, least: isinstance(v, (int, float)) and not isinstance(v, bool) and least <= v < math.inf
+    if not isinstance(hosts, dict) or not all(
+            isinstance(k, str) and re.fullmatch(r"[0-9a-f]{16}", k) and isinstance(v, dict) and
+            number(v.get("pace"), 1e-9) and number(v.get("window"), 0.0) and _when(v.get("at"))
+            for k, v in hosts.items()):
+        raise RedriveError(f"{path}: not a redrive pace record; remove it (each host's limit is then found again)")
+    return hosts
+
+
+def remember_paces(state_dir: Path, hosts: dict, recalled: dict, now: float, wall: float) -> None:
+    """paces.json after a run. A host this run asked and found a limit on keeps the higher of its W_max and BETA x
+    the pace the curve had reached (as much as it took over its last answers: a limit raised or lifted was climbed
+    past with no cut), and its window (see Host); one it found none on is dropped; the hosts it did not ask keep
+    theirs. A limit found again (within [BETA, 1 / BETA] of the last) keeps its record. Written when changed."""
+    asked = {pace_key(name): host for name, host in hosts.items()
+             if host.first_sent is not None and (host.w_max or recalled)}  # a host to note, or one to drop
+    kept = {k: v for k, v in recalled.items() if k not in asked}
+    again = lambda old, new: old == new or old > 0 and BETA <= new / old <= 1 / BETA  # noqa: E731
+    for key, host in asked.items():
+        if host.w_max:
+            took = host.taken(now, host.recent[-min(len(host.recent), SHARE_ANSWERS)][0]) if host.recent else 0.0
+            pace, window, same = max(host.w_max, BETA * min(host.rate(now), took)), host.window, recalled.get(key)
+            found = same and again(same["pace"], pace) and again(same["window"], window)
+            kept[key] = same if found else {"pace": round(pace, 6), "window": round(window, 6), "at": iso(wall)}
+    if kept != recalled:
+        write_atomically(state_dir / "paces.json", json.dumps({"redrive": __version__, "hosts": kept}, indent=1) + "\n")
+
+
 def forget_old_verdicts(state: State, since: Optional[str]) -> None:
     """Failures recorded before the request last changed its target count no more."""
     if since:
@@ -3995,6 +4039,7 @@ class Schedule:
         self.fixed_host = None if "{id}" in urlsplit(cfg.request.url).netloc or cfg.request.url == "{id}" else \
             host_of(cfg.request.url, "")  #: the one host every id goes to, if the template says so
         self.feed, self.untried = None, 0  #: pass one's ids still in the file (Feed); those held here
+        self.recalled = {}  #: the limits earlier runs found, by pace_key (paces.json)
 
     def add(self, item: Item, ready_at: float, now: float) -> None:
         """An id due at `ready_at`: if that is now, it goes to its host's queue."""
@@ -4085,7 +4130,12 @@ class Schedule:
             self.active.pop()  # the host _open_host left last: no scan of a million hosts
         if self.untried < LOOKAHEAD // 2:
             self.read_on()
+        new = host.first_sent is None
         host.start(now)
+        learnt = new and self.recalled and host.w_max is None and self.recalled.get(pace_key(item.host))
+        if learnt:  # a limit an earlier run found: the host's first request starts the curve as that cut did (see Host 5)
+            host.window = learnt["window"]
+            host.climb(now, learnt["pace"])
         item.sent, item.order = now, next(self.starts)
         if self.cfg.rate:
             self.next_slot = max(self.next_slot, now) + 1.0 / self.cfg.rate
@@ -6075,6 +6125,7 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
         try:
             with StopSignals("before the first request; nothing was sent: rerun to resume") as stops:
                 record = read_run_record(cfg.state_dir)
+                paces = read_paces(cfg.state_dir)
                 state = load_state(cfg.state_dir)
                 complete_lost_done(state, ledger)  # before the index is brought up to date: it reads its done line
                 before, resumed = refresh_cutoff(cfg, record, fx.wallclock())
@@ -6088,7 +6139,7 @@ def run(cfg: Config, fx: Effects, err) -> ExitCode:
                 take_back_gone(state, listing, cfg.state_dir)
                 due = Refresh(listing, cfg.state_dir, before) if before else None
                 ledger.open()
-                tally = run_passes(cfg, fx, err, listing, state, ledger, fresh, redact, due, started, stops)
+                tally = run_passes(cfg, fx, err, listing, state, ledger, fresh, redact, due, started, stops, paces)
         finally:
             ledger.close()
             if due is not None:
@@ -6154,9 +6205,11 @@ def read_input(cfg: Config, state: State, refresh: bool, redact: Redactor, err) 
 
 
 def run_passes(cfg: Config, fx: Effects, err, listing: Listing, state: State, ledger: Ledger, fresh: bool,
-               redact: Redactor, refresh: Optional[Refresh], started: float, stops: StopSignals) -> Tally:
+               redact: Redactor, refresh: Optional[Refresh], started: float, stops: StopSignals,
+               paces: dict) -> Tally:
     """Every pass, the stop signals sent to the batch. refresh: the done ids
-    a refresh asks again, if any; started: when the run began (--max-time's start)."""
+    a refresh asks again, if any; started: when the run began (--max-time's start);
+    paces: the limits earlier runs found (read_paces), kept for the next run when it ends."""
     total = listing.total
     for note in state.repairs:
         print(shown_text(f"redrive: warning: {redact(note)}"), file=err)
@@ -6174,11 +6227,14 @@ def run_passes(cfg: Config, fx: Effects, err, listing: Listing, state: State, le
     again = f", {batch.timeline.pending() - new} to refresh (fetched before {before[:16]}Z)" if before else ""
     progress.say(f"redrive: {total} ids, {new} to fetch{again}, state in {cfg.state_dir}")
     stops.batch = batch
+    batch.timeline.recalled = paces
     try:
-        return batch.run()
+        tally = batch.run()
     finally:
         progress.clear()
         batch.wake.close()
+    remember_paces(cfg.state_dir, batch.timeline.hosts, paces, fx.clock(), fx.wallclock())
+    return tally
 
 
 def finish(report: dict, tally: Tally, cfg: Config, redact: Redactor, err) -> ExitCode:

@@ -3011,11 +3011,12 @@ def _drive(serve, count, until, latency, cap, folder, options):
     cfg.state_dir.mkdir(parents=True, exist_ok=True)
     ledger = redrive.Ledger(cfg.state_dir, False, fx.clock, fx.fsync)
     ledger.open()
-    state = redrive.load_state(cfg.state_dir)
+    state, paces = redrive.load_state(cfg.state_dir), redrive.read_paces(cfg.state_dir)
     listing = redrive.read_input(cfg, state, False, redrive.Redactor(()), io.StringIO())  # as run() reads it
     batch = redrive.Batch(cfg, ledger, state, fx, redrive.Redactor(()),
                           redrive.Progress(io.StringIO(), count, fx.clock, True))
     redrive.plan(listing, state, cfg, batch, ledger, fx)
+    batch.timeline.recalled = paces  # as run_passes hands them over
     inflight, asked, refused, sends, seq = [], Counter(), [], [], itertools.count()
     declared_at, switch = math.inf, sys.getswitchinterval()  # a paced Batch sets it; Batch.run sets it back
 
@@ -3057,6 +3058,7 @@ def _drive(serve, count, until, latency, cap, folder, options):
         batch.wake.close()
         batch.watchdog.close()
         sys.setswitchinterval(switch)
+    redrive.remember_paces(cfg.state_dir, batch.timeline.hosts, paces, fx.clock(), fx.wallclock())  # as run_passes
     ended = {}
     for line in (cfg.state_dir / "results.jsonl").read_text().splitlines():
         record = json.loads(line)
@@ -3460,6 +3462,58 @@ def test_ids_refused_for_their_own_reasons_at_a_large_share_are_not_taken_for_a_
     assert run["failed"] == 0 and [s for _, _, s in run["ended"].values()] == [200] * 2000
     assert run["requests"] == 2000 + 20 * share + 2 * 20 * busy  # each asked again only for its own refusals
     assert run["end"] <= most
+
+
+def runs_in_one_state_dir(*runs):
+    """drive() once for each (limiter, new ids), every run in the same state dir, each with ids of its own
+    (the ids of the runs before it are done); per run: its drive() dict, with `end` over its own ids, and
+    the paces.json it left."""
+    out, total = [], 0
+    with tempfile.TemporaryDirectory(prefix="drive-") as folder:
+        for serve, count in runs:
+            total += count
+            run = drive(serve, total, until=7200, tmp=folder)
+            run["end"] = max(at for item, (at, _, _) in run["ended"].items() if item >= total - count)
+            run["early"] = sum(1 for sent in run["refusals"] if sent < 10)
+            paces = Path(folder, "state", "paces.json")
+            run["paces"] = paces.read_text() if paces.exists() else None
+            out.append(run)
+    return out
+
+
+@pytest.mark.parametrize("shape, count", [(lambda: Leaky(2, 5), 245), (lambda: Window(120, 60, retry_after=False), 245),
+                                          (lambda: SlidingLog(50, 10), 605), (lambda: Window(300, 60, retry_after=False), 605)],
+                         ids=["leaky 2/s burst 5", "window 120 a minute", "sliding log 50 per 10 s", "window 300 a minute"])
+def test_a_limit_one_run_found_is_where_the_next_run_starts(shape, count):
+    # the first run's refusals are mostly the learning: slow start's bunches, a window's first overshoot, the search;
+    # the next run starts the curve as the first run's last cut did, at the W_max and window it left in paces.json
+    first, second = runs_in_one_state_dir((shape(), count), (shape(), count))
+    assert first["early"] >= 20 and second["early"] <= first["early"] / 4
+    assert second["refused"] <= first["refused"] / 2 and second["end"] <= 1.15 * shape().ideal(count)
+    assert len(second["ended"]) == 2 * count and second["failed"] == 0
+    hosts = json.loads(second["paces"])["hosts"]
+    assert list(hosts) == [redrive.pace_key("http://h")] and "http://h" not in second["paces"]  # no host name
+
+
+def test_a_limit_that_changed_between_runs_is_found_again_and_a_lifted_one_is_left_behind():
+    # a remembered pace is a cut's W_max like any other: a lower limit cuts it, a higher one is climbed to along the
+    # curve (the run after the change pays that once), and the next run starts from what this one found
+    pace = lambda run: json.loads(run["paces"])["hosts"][redrive.pace_key("http://h")]["pace"]  # noqa: E731
+    lower = runs_in_one_state_dir((Leaky(10, 0), 1205), (Leaky(2, 0), 245), (Leaky(2, 0), 245))
+    assert lower[1]["end"] <= 1.5 * Leaky(2, 0).ideal(245) and lower[1]["refused"] <= 40 and 1.8 <= pace(lower[1]) <= 2.2
+    assert lower[2]["end"] <= 1.15 * Leaky(2, 0).ideal(245) and lower[2]["early"] == 0
+    higher = runs_in_one_state_dir((Leaky(2, 0), 245), (Leaky(10, 0), 1205), (Leaky(10, 0), 1205))
+    assert higher[1]["end"] <= 1.8 * Leaky(10, 0).ideal(1205) and 9 <= pace(higher[1]) <= 11
+    assert higher[2]["end"] <= 1.1 * Leaky(10, 0).ideal(1205)
+    clean = drive(Lone(0), 2000)["end"]
+    lifted = runs_in_one_state_dir((Leaky(2, 0), 245), (Lone(0), 2000), (Lone(0), 2000), (Lone(0), 2000))
+    assert all(r["refused"] == 0 for r in lifted[1:]) and lifted[1]["end"] <= 200 and lifted[3]["end"] <= 3 * clean
+    assert 10 * pace(lifted[0]) <= pace(lifted[1]) and 10 * pace(lifted[1]) <= pace(lifted[2]) <= pace(lifted[3])
+    assert [len(r["ended"]) for r in lifted] == [245, 2245, 4245, 6245]
+
+
+def test_a_host_with_no_limit_leaves_no_pace_to_remember():
+    assert runs_in_one_state_dir((Lone(0), 500), (Lone(4), 500))[1]["paces"] is None
 
 
 def test_a_403_without_a_sign_of_a_rate_limit_is_a_permission_answer_and_the_host_goes_on():
@@ -4685,6 +4739,64 @@ def test_a_damaged_or_newer_run_json_is_one_line_and_exit_2(server, tmp_path, sh
     path.write_text(json.dumps(record))
     code, err, _ = crawl(server, tmp_path, ["a", "b"])
     assert code == ExitCode.USAGE and err.count("\n") == 1 and message in err and server.hits["b"] == 0
+
+
+@pytest.mark.parametrize("text", ["{", '{"hosts": []}', '{"hosts": {"127.0.0.1": {"pace": 2, "window": 0, "at": "x"}}}',
+                                  '{"hosts": {"0123456789abcdef": {"pace": -1, "window": 0, '
+                                  '"at": "2026-01-01T00:00:00.000000Z"}}}'])
+def test_a_damaged_paces_json_is_one_line_and_exit_2(server, tmp_path, text):
+    crawl(server, tmp_path, ["a"])
+    (tmp_path / "ids.redrive" / "paces.json").write_text(text)
+    code, err, _ = crawl(server, tmp_path, ["a", "b"])
+    assert code == ExitCode.USAGE and err.count("\n") == 1 and server.hits["b"] == 0
+    assert "paces.json: not a redrive pace record; remove it" in err
+
+
+def test_a_pace_an_earlier_run_left_paces_the_hosts_first_requests(server, tmp_path):
+    # the curve starts as that run's cut: the first request at once, then at BETA x its pace, climbing back to it
+    # (a new host would send four at once)
+    sdir = tmp_path / "ids.redrive"
+    sdir.mkdir()
+    at = "2026-01-01T00:00:00.000000Z"
+    (sdir / "paces.json").write_text(json.dumps({"hosts": {redrive.pace_key(server.base): {"pace": 4, "window": 0,
+                                                                                           "at": at}}}))
+    code, _, _ = crawl(server, tmp_path, ["a", "b", "c", "d", "e"], "--concurrency", "4")
+    fetched = [redrive.parse_iso(r["fetched_at"]) for r in state(tmp_path, "results.jsonl")]
+    gaps = [b - a for a, b in zip(fetched, fetched[1:])]
+    assert code == ExitCode.OK and 1 / (4 * redrive.BETA) - 1e-6 <= gaps[0] and gaps == sorted(gaps, reverse=True)
+    assert gaps[-1] >= 0.25  # not past the pace yet
+    assert json.loads((sdir / "paces.json").read_text())["hosts"][redrive.pace_key(server.base)]["at"] == at  # as found
+
+
+def test_a_limit_a_run_finds_is_kept_for_the_next_by_a_digest_of_its_host(server, tmp_path):
+    # the first run learns 20 a second the way a new host does (slow start's bunch is refused at once); the next starts
+    # paced at what it learnt: its first refusal is the curve's first probe past it, a K later
+    clock, bucket, first, refused = [None], [3.0, 0.0], {}, {0: [], 1: []}
+
+    def limited(run):  # 20 a second, 3 of slack (a thread's hiccup is no excess), on the run's own clock
+        def answer():
+            with server.lock:
+                now = clock[0].clock()
+                first.setdefault(run, now)
+                bucket[:] = [min(3.0, bucket[0] + (now - bucket[1]) * 20), now]
+                if bucket[0] >= 1:
+                    bucket[0] -= 1
+                    return 200
+                refused[run].append(now - first[run])
+                return 429, b"", {}
+        return answer
+    ids = [f"r{n}" for n in range(400)]
+    for run, some in enumerate((ids[:200], ids[200:])):
+        server.replies.update({item: [limited(run)] for item in some})
+        clock[0] = FastForward()
+        bucket[:] = [3.0, clock[0].clock()]  # a new clock, and the server's bucket full again
+        code, err, _ = crawl(server, tmp_path, ids[:200 * (run + 1)], "--concurrency", "8", fake=clock[0])
+        assert code == ExitCode.OK, err
+    text = (tmp_path / "ids.redrive" / "paces.json").read_text()
+    [(key, learnt)] = json.loads(text)["hosts"].items()
+    assert key == redrive.pace_key(server.base) and "127.0.0.1" not in text
+    assert 15 <= learnt["pace"] <= 25 and learnt["window"] < 1
+    assert min(refused[0]) < 0.5 and min(refused[1]) >= 1.0
 
 
 def test_a_changed_request_names_the_changed_fields(server, tmp_path):
