@@ -2672,17 +2672,6 @@ def last_lines(ids_file: Path, lines: int, path: Path, state_dir: Path,
                 if item_id in last:
                     found[n] = last[item_id]
     return found
-    with Parts(state_dir, max(1, (os.stat(ids_file).st_size + size) // INDEX_PART), ("lines", "ledger")) as split:
-        for line, ids, _, _ in id_blocks(ids_file):
-            split.add("lines", ids, range(line, line + len(ids)))
-        for ids, offsets in ledger_blocks(path, shape):
-            split.add("ledger", ids, offsets)
-        for part in split:
-            (numbers, ids), (offsets, others) = part["lines"], part["ledger"]
-            last = dict(zip(others, offsets))  # the last line of an id wins
-            for n, item_id in zip(numbers, ids):
-                found[n] = last.get(item_id, -1)
-    return found
 
 
 @dataclass
