@@ -60,6 +60,8 @@ Scenarios (all by default):
                  against real nginx with the row's ids, beside the row's bounds
   model          the tests' limiter shapes at 2 to 500 r/s, two minutes of ideal each
                  (--minutes), and the penalty box, on the fake clock through redrive's own run loop
+  next-run       the run after one that found the limit, in the same state dir (paces.json):
+                 the model's shapes at 2 to 50 r/s on the fake clock, and nginx-slow's limits
   refresh        a nightly sync of 10,000 ids with ETags: night 1 fetches all;
                  on night 2, 2% changed and 0.5% are gone: a plain rerun, then
                  --refresh; night 3's --refresh under GitHub's quota headers
@@ -1123,15 +1125,16 @@ def nginx(folder, count, opt):
           f"concurrency {opt.concurrency}, no --rate unless shown", rows)
 
 
-def nginx_row(binary, folder, rate, burst, nodelay, count, opt, given=None, status=429, lone=0):
+def nginx_row(binary, folder, rate, burst, nodelay, count, opt, given=None, status=429, lone=0, runs=1):
     """(label, figures) for one limiter: wall against (N - burst) / rate, and the share of 429s;
     `given`: the --rate given by hand (None: discovered), or "bare": paced_loop told the limit;
-    `lone`: nginx in front of the bench's server, `lone` % of whose ids answer 429 + Retry-After: 1 once."""
-    run_dir = folder / f"nginx-{rate}-{burst}-{int(nodelay)}-{status}-{lone}{f'-rate-{given}' if given else ''}"
+    `lone`: nginx in front of the bench's server, `lone` % of whose ids answer 429 + Retry-After: 1 once;
+    `runs`: so many runs in one state dir, each with `count` new ids, the figures the last one's."""
+    run_dir = folder / f"nginx-{rate}-{burst}-{int(nodelay)}-{status}-{lone}{f'-rate-{given}' if given else ''}-{runs}"
     hand, shown = by_hand(given) if given != "bare" else ([], f", a bare client paced at {rate * PACED_SHARE:g} r/s")
     (run_dir / "www" / "items").mkdir(parents=True)
     (run_dir / "tmp").mkdir()
-    for n in range(count):
+    for n in range(count * runs):
         if n % 50 != 49:
             (run_dir / "www" / "items" / f"i{n}").write_text(json.dumps({"id": f"i{n}", "title": "x" * 200}))
     port = free_port()
@@ -1147,19 +1150,23 @@ def nginx_row(binary, folder, rate, burst, nodelay, count, opt, given=None, stat
         if server.poll() is not None:
             raise RuntimeError(f"nginx exited at start (code {server.returncode}); see {run_dir / 'error.log'}")
         ids = run_dir / "ids.txt"
-        ids.write_text("".join(f"i{n}\n" for n in range(count)))
         url = f"http://127.0.0.1:{port}/items/{{id}}"
-        if given == "bare":
-            run = measured([sys.executable, __file__, "--paced", url, ids, rate * PACED_SHARE, opt.concurrency])
-        else:
-            run = measured([sys.executable, str(REDRIVE[0]), str(ids), "--url", url, "-q",
-                            "--concurrency", str(opt.concurrency), *hand])
+        for done in range(runs):
+            ids.write_text("".join(f"i{n}\n" for n in range(count * (done + 1))))  # the runs before: done
+            time.sleep(2 / rate if done else 0.0)  # the limit's bucket drained, as between two runs
+            last_started = time.time()
+            if given == "bare":
+                run = measured([sys.executable, __file__, "--paced", url, ids, rate * PACED_SHARE, opt.concurrency])
+            else:
+                run = measured([sys.executable, str(REDRIVE[0]), str(ids), "--url", url, "-q",
+                                "--concurrency", str(opt.concurrency), *hand])
     finally:
         server.terminate()
         server.wait()
         if backend:
             backend.terminate()
-    log = [line.split() for line in (run_dir / "access.log").read_text().splitlines()]
+    log = [row for row in (line.split() for line in (run_dir / "access.log").read_text().splitlines())
+           if float(row[0]) >= last_started]
     statuses = Counter(row[-1] for row in log)
     sent, throttled = sum(statuses.values()), statuses[str(status)]
     started = min((float(row[0]) for row in log), default=0.0)
@@ -1169,7 +1176,7 @@ def nginx_row(binary, folder, rate, burst, nodelay, count, opt, given=None, stat
     ideal = (count - burst) / rate
     label = (f"{rate} r/s, burst {burst}{' nodelay' if nodelay else ''}{', 503' if status == 503 else ''}, {count} ids"
              f"{f', {lone}% of them refused once by the application behind' if lone else ''}"
-             f"{shown} (exit {run.code})")
+             f"{shown}{', the run after one over as many' if runs > 1 else ''} (exit {run.code})")
     show_error(run)
     return label, (f"wall {run.wall:.1f} s = {run.wall / ideal:.2f} x (N - burst) / rate (target <= 1.15), "
                    f"{status}s {throttled} = {throttled / max(sent, 1):.1%} of {sent} requests (target <= 3%; "
@@ -1572,6 +1579,45 @@ def nginx_slow(folder, count, opt):
           f"concurrency {opt.concurrency}, no --rate", rows)
 
 
+def next_run(folder, count, opt):
+    """A run after one that found the limit, in the same state dir (paces.json): the fake clock's shapes at 2 to 50 r/s
+    (two minutes of ideal each run, through test_redrive.runs_in_one_state_dir), and nginx's slow limits."""
+    rows = []
+    if Path(REDRIVE[0]).resolve() == (HERE / "redrive.py").resolve():
+        sys.path.insert(0, str(HERE))
+        import test_redrive as t
+        for name, make in model_shapes(t).items():
+            for rate in (2, 5, 10, 50):
+                ids = count or int(rate * 60 * opt.minutes) + 5
+                first, second = t.runs_in_one_state_dir((make(rate), ids), (make(rate), ids))
+                ideal = make(rate).ideal(ids)
+                rows.append((f"{name}, {rate} r/s, {ids} ids a run", " -> ".join(
+                    f"{r['end'] / ideal:.2f} x, refused {r['refused']} = {r['refused'] / r['requests']:.1%}"
+                    f" ({r['early']} in the first 10 s)" for r in (first, second))))
+        table("the fake clock: a first run, then the next in the same state dir, concurrency 32, 20 ms answers", rows)
+        changes = {"a limit of 10 r/s, then 2": ((t.Leaky(10, 0), 1205), (t.Leaky(2, 0), 245), (t.Leaky(2, 0), 245)),
+                   "a limit of 2 r/s, then 10": ((t.Leaky(2, 0), 245), (t.Leaky(10, 0), 1205), (t.Leaky(10, 0), 1205)),
+                   "a limit of 2 r/s, then none": ((t.Leaky(2, 0), 245), *[(t.Lone(0), 2000)] * 3)}
+        def shown(run, serve, ids):
+            over = f" = {run['end'] / serve.ideal(ids):.2f} x" if hasattr(serve, "ideal") else ""
+            return f"{run['end']:.1f} s{over}, refused {run['refused']}"
+        rows = [(f"{name} (no slack), each run's ids", " -> ".join(
+                    shown(run, serve, ids) for run, (serve, ids) in zip(t.runs_in_one_state_dir(*runs), runs)))
+                for name, runs in changes.items()]
+        table("the fake clock: a limit that changed between runs in one state dir (a clean run of 2,000 ids: "
+              f"{t.drive(t.Lone(0), 2000)['end']:.1f} s)", rows)
+    else:
+        print(f"\nnext-run: the fake clock's half skipped for {REDRIVE[0]}: it drives this redrive.py's run loop")
+    binary = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.path.exists(p)), None)
+    if not binary:
+        print("\nnext-run: nginx skipped: nginx is not installed (apt-get install nginx)")
+        return
+    rows = [nginx_row(binary, folder, rate, burst, nodelay, count or ids, opt, None, *status, runs=2)
+            for rate, burst, nodelay, ids, *status in NGINX_SLOW]
+    table(f"nginx {nginx_version(binary)} limit_req at slow limits: the run after one that found the limit, "
+          f"every 50th id a 404, concurrency {opt.concurrency}, no --rate", rows)
+
+
 def nginx_twins(folder, count, opt):
     """Each row of the tests' limiter table that limit_req can make (a leaky bucket: burst or none,
     queued or nodelay, 429 or 503), against real nginx with the row's ids, beside the row's bounds."""
@@ -1592,6 +1638,16 @@ def nginx_twins(folder, count, opt):
           f"concurrency {opt.concurrency}, no --rate", rows)
 
 
+def model_shapes(t) -> dict:
+    """The silent limiter shapes of the model, by name: rate -> a limiter of test_redrive (t)."""
+    return {"leaky, no burst": lambda r: t.Leaky(r, 0), "leaky, no burst, 503": lambda r: t.Leaky(r, 0, status=503),
+            "leaky, burst 5 nodelay": lambda r: t.Leaky(r, 5), "leaky, burst 5 queued": lambda r: t.Leaky(r, 5, delay=True),
+            "token bucket, burst 5, Retry-After": lambda r: t.TokenBucket(r, 5),
+            "window of 2 s, Retry-After": lambda r: t.Window(max(1, int(r * 2)), 2),
+            "window of a minute, none": lambda r: t.Window(int(r * 60), 60, retry_after=False),
+            "sliding log of 10 s": lambda r: t.SlidingLog(int(r * 10), 10)}
+
+
 def model(folder, count, opt):
     """The limiter shapes of the tests' table, each for --minutes of its ideal or more, played on the
     fake clock through redrive's own run loop (test_redrive.drive): time over ideal and refusals."""
@@ -1600,14 +1656,8 @@ def model(folder, count, opt):
         return
     sys.path.insert(0, str(HERE))
     import test_redrive as t
-    shapes = {"leaky, no burst": lambda r: t.Leaky(r, 0), "leaky, no burst, 503": lambda r: t.Leaky(r, 0, status=503),
-              "leaky, burst 5 nodelay": lambda r: t.Leaky(r, 5), "leaky, burst 5 queued": lambda r: t.Leaky(r, 5, delay=True),
-              "token bucket, burst 5, Retry-After": lambda r: t.TokenBucket(r, 5),
-              "window of 2 s, Retry-After": lambda r: t.Window(max(1, int(r * 2)), 2),
-              "window of a minute, none": lambda r: t.Window(int(r * 60), 60, retry_after=False),
-              "sliding log of 10 s": lambda r: t.SlidingLog(int(r * 10), 10)}
     rows = []
-    for name, make in shapes.items():
+    for name, make in model_shapes(t).items():
         for rate in (2, 5, 10, 50, 100, 500):
             limiter = make(rate)
             ids = count or int(rate * 60 * opt.minutes) + 5
@@ -1640,12 +1690,14 @@ SCENARIOS = {"clean": clean, "flaky": flaky, "rate-limited": rate_limited, "lone
              "limit-change": limit_change, "chaos": chaos, "declared": declared,
              "shards-on-one-key": shards_on_one_key, "no-limit-throttles": no_limit_throttles,
              "shards-parallel": shards_parallel, "refresh": refresh, "nginx-slow": nginx_slow,
-             "nginx-twins": nginx_twins, "model": model, "first-run": first_run, "resume-first-nights": resume_first_nights}
+             "nginx-twins": nginx_twins, "model": model, "first-run": first_run, "resume-first-nights": resume_first_nights,
+             "next-run": next_run}
 COUNTS = {"clean": 10_000, "flaky": 10_000, "rate-limited": 3_000, "lone-429": 10_000, "resume": 1_000_000, "fsync": 5_000,
           "stop": 1_000_000, "nginx": 0,
           "fixed-window": 0, "token-bucket": 0, "limit-and-lone": 0, "limit-change": 4_500, "chaos": 10_000,
           "declared": 0, "shards-on-one-key": 0, "no-limit-throttles": 10_000, "shards-parallel": 3_000,
-          "refresh": 10_000, "nginx-slow": 0, "nginx-twins": 0, "model": 0, "first-run": 2_000_000, "resume-first-nights": 1_000_000}
+          "refresh": 10_000, "nginx-slow": 0, "nginx-twins": 0, "model": 0, "first-run": 2_000_000, "resume-first-nights": 1_000_000,
+          "next-run": 0}
 
 
 def main(argv=None):
