@@ -2991,7 +2991,8 @@ def read_paces(state_dir: Path) -> dict:
     number = lambda v, least: isinstance(v, (int, float)) and not isinstance(v, bool) and least <= v < math.inf
     if not isinstance(hosts, dict) or not all(
             isinstance(k, str) and re.fullmatch(r"[0-9a-f]{16}", k) and isinstance(v, dict) and
-            number(v.get("pace"), 1e-9) and number(v.get("window"), 0.0) and _when(v.get("at"))
+            number(v.get("pace"), 1e-9) and number(v.get("window"), 0.0) and v["window"] <= MAX_RETRY_AFTER and
+            _when(v.get("at"))  # a window past the longest wait honoured is none a run learnt (and would hold every answer)
             for k, v in hosts.items()):
         raise RedriveError(f"{path}: not a redrive pace record; remove it (each host's limit is then found again)")
     return hosts

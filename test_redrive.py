@@ -2602,7 +2602,7 @@ def test_an_unreadable_state_file_is_one_line_exit_2(server, tmp_path):
     assert code == ExitCode.USAGE and err.count("\n") == 1 and "failed.jsonl: permission denied" in err
 
 
-@pytest.mark.parametrize("name", ["results.jsonl", "done.txt", "lock", "run.json", "report.json"])
+@pytest.mark.parametrize("name", ["results.jsonl", "done.txt", "lock", "run.json", "report.json", "paces.json"])
 def test_a_state_file_that_is_a_symlink_is_refused_before_anything_is_cut_or_written(server, tmp_path, name):
     foreign = tmp_path / "precious.txt"
     foreign.write_bytes(b"somebody else's data, with no newline at the end")
@@ -4743,7 +4743,10 @@ def test_a_damaged_or_newer_run_json_is_one_line_and_exit_2(server, tmp_path, sh
 
 @pytest.mark.parametrize("text", ["{", '{"hosts": []}', '{"hosts": {"127.0.0.1": {"pace": 2, "window": 0, "at": "x"}}}',
                                   '{"hosts": {"0123456789abcdef": {"pace": -1, "window": 0, '
-                                  '"at": "2026-01-01T00:00:00.000000Z"}}}'])
+                                  '"at": "2026-01-01T00:00:00.000000Z"}}}',
+                                  '{"hosts": {"0123456789abcdef": {"pace": 2, "window": 1e300, '
+                                  '"at": "2026-01-01T00:00:00.000000Z"}}}', '[1, 2]', '{"hosts": {"0123456789abcdef": '
+                                  '{"pace": NaN, "window": 0, "at": "2026-01-01T00:00:00.000000Z"}}}'])
 def test_a_damaged_paces_json_is_one_line_and_exit_2(server, tmp_path, text):
     crawl(server, tmp_path, ["a"])
     (tmp_path / "ids.redrive" / "paces.json").write_text(text)
