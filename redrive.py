@@ -2999,14 +2999,16 @@ def read_paces(state_dir: Path) -> dict:
 
 
 def remember_paces(state_dir: Path, hosts: dict, recalled: dict, now: float, wall: float) -> None:
-    """paces.json after a run. A host this run asked and found a limit on keeps the higher of its W_max and BETA x
-    the pace the curve had reached (as much as it took over its last answers: a limit raised or lifted was climbed
-    past with no cut), and its window (see Host); one it found none on is dropped; the hosts it did not ask keep
-    theirs. A limit found again (within [BETA, 1 / BETA] of the last) keeps its record. Written when changed."""
-    asked = {pace_key(name): host for name, host in hosts.items()
-             if host.first_sent is not None and (host.w_max or recalled)}  # a host to note, or one to drop
-    kept = {k: v for k, v in recalled.items() if k not in asked}
+    """paces.json after a run that asked any host: the hosts it asked and found a limit on, each with the higher of
+    its W_max and BETA x the pace the curve had reached (as much as it took over its last answers: a limit raised or
+    lifted was climbed past with no cut), and its window (see Host). A limit found again (within [BETA, 1 / BETA] of
+    the last) keeps its record; a host not asked is not kept (a demo's port, a list's hosts all done: the file holds
+    what the last run met). Written when changed."""
+    asked = {pace_key(name): host for name, host in hosts.items() if host.first_sent is not None}
+    if not asked:
+        return
     again = lambda old, new: old == new or old > 0 and BETA <= new / old <= 1 / BETA  # noqa: E731
+    kept = {}
     for key, host in asked.items():
         if host.w_max:
             took = host.taken(now, host.recent[-min(len(host.recent), SHARE_ANSWERS)][0]) if host.recent else 0.0
@@ -6215,7 +6217,10 @@ def run_passes(cfg: Config, fx: Effects, err, listing: Listing, state: State, le
     if cfg.guard and batch.timeline.pending() >= GUARD_MIN:
         batch.settler.guard = Guard(min(GUARD_SAMPLE, batch.timeline.pending()), fresh)
     again = f", {batch.timeline.pending() - new} to refresh (fetched before {before[:16]}Z)" if before else ""
-    progress.say(f"redrive: {total} ids, {new} to fetch{again}, state in {cfg.state_dir}")
+    host = batch.timeline.fixed_host
+    learnt = paces.get(pace_key(host)) if host else None  # why the run is paced from its first request
+    learnt = f"; the limit found before, {learnt['pace']:.3g} r/s, paces it (paces.json)" if learnt else ""
+    progress.say(f"redrive: {total} ids, {new} to fetch{again}, state in {cfg.state_dir}{learnt}")
     stops.batch = batch
     batch.timeline.recalled = paces
     try:

@@ -4760,15 +4760,17 @@ def test_a_pace_an_earlier_run_left_paces_the_hosts_first_requests(server, tmp_p
     # (a new host would send four at once)
     sdir = tmp_path / "ids.redrive"
     sdir.mkdir()
-    at = "2026-01-01T00:00:00.000000Z"
-    (sdir / "paces.json").write_text(json.dumps({"hosts": {redrive.pace_key(server.base): {"pace": 4, "window": 0,
-                                                                                           "at": at}}}))
-    code, _, _ = crawl(server, tmp_path, ["a", "b", "c", "d", "e"], "--concurrency", "4")
+    at, key, elsewhere = "2026-01-01T00:00:00.000000Z", redrive.pace_key(server.base), redrive.pace_key("http://gone:1")
+    learnt = {key: {"pace": 4, "window": 0, "at": at}, elsewhere: {"pace": 9, "window": 0, "at": at}}
+    (sdir / "paces.json").write_text(json.dumps({"hosts": learnt}))
+    code, err, _ = crawl(server, tmp_path, ["a", "b", "c", "d", "e"], "--concurrency", "4")
+    assert "; the limit found before, 4 r/s, paces it (paces.json)" in err.splitlines()[0]
     fetched = [redrive.parse_iso(r["fetched_at"]) for r in state(tmp_path, "results.jsonl")]
     gaps = [b - a for a, b in zip(fetched, fetched[1:])]
     assert code == ExitCode.OK and 1 / (4 * redrive.BETA) - 1e-6 <= gaps[0] and gaps == sorted(gaps, reverse=True)
     assert gaps[-1] >= 0.25  # not past the pace yet
-    assert json.loads((sdir / "paces.json").read_text())["hosts"][redrive.pace_key(server.base)]["at"] == at  # as found
+    # its limit found again keeps its record; a host this run did not ask (a demo's last port) is not kept
+    assert json.loads((sdir / "paces.json").read_text())["hosts"] == {key: learnt[key]}
 
 
 def test_a_limit_a_run_finds_is_kept_for_the_next_by_a_digest_of_its_host(server, tmp_path):
