@@ -1434,7 +1434,7 @@ class Host:
     1. A declared quota is believed: what is left (less what is in flight, a unit worth 1 / its fall per answer, the
        largest fall left out) spread up to its reset; none left, one request after it. The tightest bucket governs; a
        renewed window whose first success says none of 2+ is left is a lie: no declaration is believed since.
-    2. Slow start: START_LIMIT in flight (--per-host at most), SLOW_START_STEP more per answer, one less per refusal.
+    2. In flight: --per-host at most; in slow start START_LIMIT, SLOW_START_STEP more per answer, one less per refusal.
     3. A fresh refusal (429 or 503 of an id not refused for itself just before) is the host's if it says it is a rate
        limit, or if those in its last SHARE_ANSWERS answers sent since the cut exceed bN + SHARE_SIGMAS sqrt(bN) + 1
        (b: its share refused while paced below W_max, at no pace a later cut finds over it; 1/N unmeasured).
@@ -2991,8 +2991,8 @@ def read_paces(state_dir: Path) -> dict:
     number = lambda v, least: isinstance(v, (int, float)) and not isinstance(v, bool) and least <= v < math.inf
     if not isinstance(hosts, dict) or not all(
             isinstance(k, str) and re.fullmatch(r"[0-9a-f]{16}", k) and isinstance(v, dict) and
-            number(v.get("pace"), 1e-9) and number(v.get("window"), 0.0) and v["window"] <= MAX_RETRY_AFTER and
-            _when(v.get("at"))  # a window past the longest wait honoured is none a run learnt (and would hold every answer)
+            number(v.get("pace"), 1e-9) and _when(v.get("at")) and
+            number(v.get("window"), 0.0) and v["window"] <= MAX_RETRY_AFTER  # past the longest wait: none a run learnt
             for k, v in hosts.items()):
         raise RedriveError(f"{path}: not a redrive pace record; remove it (each host's limit is then found again)")
     return hosts
@@ -6219,8 +6219,8 @@ def run_passes(cfg: Config, fx: Effects, err, listing: Listing, state: State, le
     again = f", {batch.timeline.pending() - new} to refresh (fetched before {before[:16]}Z)" if before else ""
     host = batch.timeline.fixed_host
     learnt = paces.get(pace_key(host)) if host else None  # why the run is paced from its first request
-    learnt = f"; the limit found before, {learnt['pace']:.3g} r/s, paces it (paces.json)" if learnt else ""
-    progress.say(f"redrive: {total} ids, {new} to fetch{again}, state in {cfg.state_dir}{learnt}")
+    paced = f"; the limit found before, {learnt['pace']:.3g} r/s, paces it (paces.json)" if learnt else ""
+    progress.say(f"redrive: {total} ids, {new} to fetch{again}, state in {cfg.state_dir}{paced}")
     stops.batch = batch
     batch.timeline.recalled = paces
     try:
