@@ -5193,6 +5193,7 @@ def check(ids_file: Path, state_dir: Path, quiet: bool, out, shard: Optional[tup
     check_ids_file(ids_file)
     torn = [name for name in STATE_FILES if has_torn_tail(state_dir / name)]
     state = load_state(state_dir, repair=False)
+    read_paces(state_dir)  # a damaged one stops the next run: say so now, as for a ledger
     index = current_index(ids_file, state_dir, shard, keep=False)
     listing = listing_of(ids_file, index, state, False)
     take_back_gone(state, listing, state_dir)  # done, then found removed upstream by a refresh: unavailable

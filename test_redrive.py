@@ -4750,9 +4750,10 @@ def test_a_damaged_or_newer_run_json_is_one_line_and_exit_2(server, tmp_path, sh
 def test_a_damaged_paces_json_is_one_line_and_exit_2(server, tmp_path, text):
     crawl(server, tmp_path, ["a"])
     (tmp_path / "ids.redrive" / "paces.json").write_text(text)
-    code, err, _ = crawl(server, tmp_path, ["a", "b"])
-    assert code == ExitCode.USAGE and err.count("\n") == 1 and server.hits["b"] == 0
-    assert "paces.json: not a redrive pace record; remove it" in err
+    for args in (["--check"], []):  # --check says what the next run would
+        code, err, _ = crawl(server, tmp_path, ["a", "b"], *args)
+        assert code == ExitCode.USAGE and err.count("\n") == 1 and server.hits["b"] == 0
+        assert "paces.json: not a redrive pace record; remove it" in err
 
 
 def test_a_pace_an_earlier_run_left_paces_the_hosts_first_requests(server, tmp_path):
