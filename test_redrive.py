@@ -4756,16 +4756,21 @@ def test_a_damaged_paces_json_is_one_line_and_exit_2(server, tmp_path, text):
         assert "paces.json: not a redrive pace record; remove it" in err
 
 
-def test_a_pace_an_earlier_run_left_paces_the_hosts_first_requests(server, tmp_path):
+@pytest.mark.parametrize("urls", [False, True], ids=["a --url template", "ids that are URLs"])
+def test_a_pace_an_earlier_run_left_paces_the_hosts_first_requests(server, tmp_path, urls):
     # the curve starts as that run's cut: the first request at once, then at BETA x its pace, climbing back to it
-    # (a new host would send four at once)
+    # (a new host would send four at once); a host met through a list of URLs is the same host
     sdir = tmp_path / "ids.redrive"
     sdir.mkdir()
     at, key, elsewhere = "2026-01-01T00:00:00.000000Z", redrive.pace_key(server.base), redrive.pace_key("http://gone:1")
     learnt = {key: {"pace": 4, "window": 0, "at": at}, elsewhere: {"pace": 9, "window": 0, "at": at}}
     (sdir / "paces.json").write_text(json.dumps({"hosts": learnt}))
-    code, err, _ = crawl(server, tmp_path, ["a", "b", "c", "d", "e"], "--concurrency", "4")
-    assert "; the limit found before, 4 r/s, paces it (paces.json)" in err.splitlines()[0]
+    ids = ["a", "b", "c", "d", "e"]
+    if urls:
+        code, err, _ = run_cli([write_ids(tmp_path, [server.template.replace("{id}", i) for i in ids]), "--concurrency", "4"])
+    else:
+        code, err, _ = crawl(server, tmp_path, ids, "--concurrency", "4")
+        assert "; the limit found before, 4 r/s, paces it (paces.json)" in err.splitlines()[0]
     fetched = [redrive.parse_iso(r["fetched_at"]) for r in state(tmp_path, "results.jsonl")]
     gaps = [b - a for a, b in zip(fetched, fetched[1:])]
     assert code == ExitCode.OK and 1 / (4 * redrive.BETA) - 1e-6 <= gaps[0] and gaps == sorted(gaps, reverse=True)
