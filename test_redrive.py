@@ -2256,6 +2256,33 @@ def test_stop_signal_mid_run_then_rerun_resumes_without_refetching(server, tmp_p
     assert set(server.hits) == set(ids) and max(server.hits.values()) == 1
 
 
+def test_a_limit_found_before_ctrl_c_is_where_the_rerun_starts(server, tmp_path):
+    # a real process stopped by SIGINT still leaves the limit it found; the rerun starts paced at it
+    bucket = [3.0, time.monotonic()]
+
+    def limited():  # 40 a second with 3 of slack, in real time
+        with server.lock:
+            now = time.monotonic()
+            bucket[:] = [min(3.0, bucket[0] + (now - bucket[1]) * 40), now]
+            if bucket[0] >= 1:
+                bucket[0] -= 1
+                return 200
+            return 429, b"", {}
+    ids = [f"c{i}" for i in range(150)]
+    server.replies.update({item: [limited] for item in ids})
+    cmd = redrive_cmd(write_ids(tmp_path, ids), "--url", server.template, "--concurrency", "8")
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    wait_for_lines(tmp_path / "ids.redrive" / "done.txt", 60, proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 130, err
+    [learnt] = json.loads((tmp_path / "ids.redrive" / "paces.json").read_text())["hosts"].values()
+    assert 20 <= learnt["pace"] <= 60
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "the limit found before" in proc.stderr.splitlines()[0]
+    assert sorted(state(tmp_path, "done.txt")) == sorted(ids)
+
+
 def test_second_ctrl_c_exits_at_once(server, tmp_path):
     ids = [f"s{i}" for i in range(20)]
     for item in ids:
