@@ -205,7 +205,10 @@ class RawServer:
             try:
                 conn, _ = self.sock.accept()
             except OSError:
-                return  # closed: the test is over
+                if self.sock.fileno() == -1:
+                    return  # closed: the test is over
+                time.sleep(0.01)  # a connection reset while it waited (ECONNABORTED), or no fd left: go on accepting
+                continue
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # each write sent at once, as real servers do
             threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
 
