@@ -1111,9 +1111,14 @@ http {{
 """
 
 
+def nginx_binary():
+    """nginx's path, on PATH or where Debian puts it (outside a user's PATH), or None."""
+    return shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.path.exists(p)), None)
+
+
 def nginx(folder, count, opt):
     """redrive against nginx's limit_req: static files, so the limit really runs before each answer."""
-    binary = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.path.exists(p)), None)
+    binary = nginx_binary()
     if not binary:
         print("\nnginx: skipped: nginx is not installed (apt-get install nginx)")
         return
@@ -1569,7 +1574,7 @@ NGINX_SLOW = [(1, 0, False, 90), (2, 0, False, 240), (5, 0, False, 300), (10, 5,
 
 def nginx_slow(folder, count, opt):
     """redrive against nginx's limit_req at the slow limits public APIs set, no --rate."""
-    binary = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.path.exists(p)), None)
+    binary = nginx_binary()
     if not binary:
         print("\nnginx-slow: skipped: nginx is not installed (apt-get install nginx)")
         return
@@ -1608,7 +1613,7 @@ def next_run(folder, count, opt):
               f"{t.drive(t.Lone(0), 2000)['end']:.1f} s)", rows)
     else:
         print(f"\nnext-run: the fake clock's half skipped for {REDRIVE[0]}: it drives this redrive.py's run loop")
-    binary = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.path.exists(p)), None)
+    binary = nginx_binary()
     if not binary:
         print("\nnext-run: nginx skipped: nginx is not installed (apt-get install nginx)")
         return
@@ -1621,7 +1626,7 @@ def next_run(folder, count, opt):
 def nginx_twins(folder, count, opt):
     """Each row of the tests' limiter table that limit_req can make (a leaky bucket: burst or none,
     queued or nodelay, 429 or 503), against real nginx with the row's ids, beside the row's bounds."""
-    binary = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.path.exists(p)), None)
+    binary = nginx_binary()
     if not binary:
         print("\nnginx-twins: skipped: nginx is not installed (apt-get install nginx)")
         return

@@ -2063,6 +2063,11 @@ def _whole(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _real(value) -> bool:
+    """A finite number (JSON's NaN and Infinity are not)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _when(value) -> bool:
     """A time as redrive writes it, and a real one (parse_iso is used on it later)."""
     try:
@@ -2085,7 +2090,7 @@ FIELD_KINDS = {
     "time": _when,
     "stamp": lambda v: isinstance(v, str) and ISO_TIME.fullmatch(v) is not None,
     "refresh": lambda v: v in REFRESH_RESULTS,
-    "seconds": lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e10),
+    "seconds": lambda v: v is None or (_real(v) and 0 <= v < 1e10),
 }
 
 #: The fields every line of a ledger must hold (name: kind), then those it may hold.
@@ -2988,11 +2993,10 @@ def read_paces(state_dir: Path) -> dict:
     except (OSError, ValueError, RecursionError):
         record = None
     hosts = record.get("hosts") if isinstance(record, dict) else None
-    number = lambda v, least: isinstance(v, (int, float)) and not isinstance(v, bool) and least <= v < math.inf
     if not isinstance(hosts, dict) or not all(
-            isinstance(k, str) and re.fullmatch(r"[0-9a-f]{16}", k) and isinstance(v, dict) and
-            number(v.get("pace"), 1e-9) and _when(v.get("at")) and
-            number(v.get("window"), 0.0) and v["window"] <= MAX_RETRY_AFTER  # past the longest wait: none a run learnt
+            isinstance(k, str) and re.fullmatch(r"[0-9a-f]{16}", k) and isinstance(v, dict) and _when(v.get("at")) and
+            _real(v.get("pace")) and v["pace"] >= 1e-9 and
+            _real(v.get("window")) and 0 <= v["window"] <= MAX_RETRY_AFTER  # past the longest wait: none a run learnt
             for k, v in hosts.items()):
         raise RedriveError(f"{path}: not a redrive pace record; remove it (each host's limit is then found again)")
     return hosts
@@ -4124,7 +4128,7 @@ class Schedule:
             self.read_on()
         new = host.first_sent is None
         host.start(now)
-        learnt = new and self.recalled and host.w_max is None and self.recalled.get(pace_key(item.host))
+        learnt = new and self.recalled and self.recalled.get(pace_key(item.host))  # a host never asked was never cut
         if learnt:  # a limit an earlier run found: the host's first request starts the curve as that cut did (see Host 5)
             host.window = learnt["window"]
             host.climb(now, learnt["pace"])
