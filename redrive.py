@@ -213,10 +213,14 @@ ERROR_BODY_BYTES = 65536
 
 READ_CHUNK = 65536
 
-#: Answers on a reused connection, per host, watched for a stray answer
-#: behind them, each for up to its own time or IN_STEP_WAIT s (see in_step).
+#: A stray answer is watched for after each host's first IN_STEP_CHECKS
+#: answers on a reused connection, after every IN_STEP_EVERY-th answer on
+#: each connection, and as a worker goes idle, each time for the host's
+#: typical answer time, at most IN_STEP_WAIT s. A stray puts the last
+#: 2 x IN_STEP_EVERY answers on its connection in doubt (see in_step).
 IN_STEP_CHECKS = 8
-IN_STEP_WAIT = 0.25
+IN_STEP_EVERY = 128
+IN_STEP_WAIT = 1.0
 
 #: Hosts each worker keeps a keep-alive connection to.
 POOLED_HOSTS = 16
@@ -503,6 +507,7 @@ class Outcome:
     unchanged: bool = False  #: a 304 to a conditional request: the stored result stands
     etag: Optional[str] = None  #: a success's validators, sent back by a refresh
     last_modified: Optional[str] = None
+    doubted: tuple = ()  #: ids answered before it on its connection, whose answers may be others' (see in_step)
 
 
 class Prior(NamedTuple):
@@ -542,6 +547,7 @@ class Item:
     timed_out: bool = False  #: an attempt of it timed out before: a slow item, no sign of a host gone silent
     prior: Optional[Prior] = None  #: a done id being refreshed: its stored result's validators
     listed: bool = False  #: done.txt lists it already (a refresh, or an id gone upstream that came back)
+    doubted: bool = False  #: done, but its answer may have been another id's (see in_step): asked again
 
 
 @dataclass(frozen=True)
@@ -3220,11 +3226,12 @@ TRANSPORT_ERRORS = (requests.RequestException, urllib3.exceptions.HTTPError, htt
 class Attempt:
     """One attempt's deadline, and the connection it is using (see Watchdog)."""
 
-    __slots__ = ("deadline", "conn", "expired", "watched")
+    __slots__ = ("deadline", "conn", "expired", "strayed", "doubted")
 
     def __init__(self, deadline: float):
         self.deadline, self.conn, self.expired = deadline, None, False
-        self.watched = False  #: its answer is watched for a stray behind it (see in_step)
+        self.strayed = False  #: the connection it was to reuse held bytes nobody asked for (see in_step)
+        self.doubted = ()  #: the ids answered on that connection since it was last watched
 
     def cut(self) -> None:
         """Past the deadline: shut the socket down, which wakes a read blocked on it."""
@@ -3316,8 +3323,7 @@ class FinalResponse(http.client.HTTPResponse):
     def _close_conn(self):
         """The answer is read: look at what its buffer read past it (a
         connection must carry nothing more), which closing it would drop."""
-        attempt = getattr(CURRENT, "attempt", None)
-        if self.fp is not None and not self.leftover and attempt is not None and attempt.watched:
+        if self.fp is not None and not self.leftover and getattr(CURRENT, "attempt", None) is not None:
             self.leftover = bool(buffered(self.fp))
         super()._close_conn()
 
@@ -3333,15 +3339,30 @@ class FinalResponse(http.client.HTTPResponse):
 
 class WatchedConnection:
     """urllib3's connection, seen by the attempt's watchdog and reading past
-    1xx; it counts the requests sent since it connected (see in_step)."""
+    1xx; it counts the requests sent since it connected, and keeps the ids
+    answered on it since it was last watched (see in_step)."""
 
     response_class = FinalResponse
     sent = 0
+    unwatched = 0  #: answers since it was last watched
+    recent = ()  #: the ids of its last 2 x IN_STEP_EVERY answers but its first
 
     def connect(self):
         self._watch()
-        self.sent = 0
+        self.sent, self.unwatched, self.recent = 0, 0, deque(maxlen=2 * IN_STEP_EVERY)
         return super().connect()
+
+    @property
+    def is_connected(self) -> bool:
+        """urllib3 asks before it reuses the connection (urllib3 2): bytes
+        that came unasked since its last answer, not a close, put it out of
+        step, and the answers read on it since it was last watched in doubt."""
+        connected = super().is_connected
+        attempt = getattr(CURRENT, "attempt", None)
+        if not connected and self.sent and attempt is not None and stray_bytes(self):
+            attempt.strayed, attempt.doubted = True, tuple(self.recent)
+            self.recent.clear()
+        return connected
 
     def request(self, *args, **kwargs):
         self._watch()
@@ -3417,14 +3438,25 @@ class HostSettings:
         self.single_use = set()  #: origins seen out of step: a new connection for every request (see in_step)
         self.checked = {}  #: origin -> answers on a reused connection watched for a stray (see in_step)
         self.answers = {}  #: origin -> its answers so far
+        self.typical = {}  #: origin -> its successes' time, a moving average: how long a watch waits
 
     def watched(self, origin: tuple) -> bool:
         """Is the next answer from origin watched for a stray (see in_step)?"""
-        return self.checked.get(origin, 0) < IN_STEP_CHECKS or self.answers.get(origin, 0) % IN_STEP_CHECKS ** 2 == 0
+        return self.checked.get(origin, 0) < IN_STEP_CHECKS
 
-    def answered(self, origin: tuple, checked: bool) -> None:
+    def answered(self, origin: tuple, checked: bool, took: Optional[float]) -> None:
         self.answers[origin] = self.answers.get(origin, 0) + 1
         self.checked[origin] = self.checked.get(origin, 0) + checked
+        if took is not None:
+            typical = self.typical.get(origin, took)
+            self.typical[origin] = typical + (took - typical) / 8  # TCP's smoothed round trip (RFC 6298)
+
+    def watch_time(self, origin: tuple, took: float) -> float:
+        """How long a watch waits for a stray: min(IN_STEP_WAIT, max(this
+        answer's time, the host's typical)). A connection one answer ahead
+        gets each answer early by up to half the server's time; the one
+        behind it comes about half the server's time after."""
+        return min(IN_STEP_WAIT, max(took, self.typical.get(origin, 0.0)))
 
     def __call__(self, url: str, origin: tuple) -> tuple:
         found = self.memo.get(origin)
@@ -3434,6 +3466,7 @@ class HostSettings:
                 self.memo.clear()
                 self.checked.clear()
                 self.answers.clear()
+                self.typical.clear()
             self.memo[origin] = found
         return found
 
@@ -3456,6 +3489,7 @@ class GuardedSession(requests.Session):
         self.cookies = BoundedCookieJar()
         self.guarded, self.user_cookie = guarded, None
         self.origin = None
+        self.unwatched = {}  #: connection -> origin, for those with answers since their last watch (see in_step)
         self.environment, self.watchdog = settings, watchdog
         bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
         self.verify = bundle or True
@@ -3554,36 +3588,61 @@ def stray_bytes(conn, wait: float = 0.0) -> bool:
 
 
 def in_step(conn, out: Outcome, hosts: "HostSettings", origin: tuple, has_body: bool, took: float,
-            leftover: bool) -> Outcome:
+            leftover: bool, item_id: str, attempt: Attempt) -> Outcome:
     """The outcome, unless the connection carried a stray answer around it.
 
     An HTTP/1.1 connection pairs answers with requests by order only: a
-    server that answers twice puts one id's answer under the next. Bytes
-    that come after an answer read in full mean the connection is out of
-    step: it is closed, and its host gets a new connection for every
-    request from then on. The answer just read stands only if it was the
-    first on its connection; otherwise it may have been the stray, and the
-    id is asked again. A stray that overtakes the answer is followed by
-    the answer within about an answer's time, so each host's first
-    IN_STEP_CHECKS answers on a reused connection wait that long (at most
-    IN_STEP_WAIT) to see; later ones, one in IN_STEP_CHECKS ** 2, look only
-    at what has come (each look costs system calls). A request
-    with a body is never followed on its connection (a server that answered
-    before reading the body takes the rest for a request), nor is an answer
-    that is not a clean success."""
+    server that answers twice puts one id's answer under the next, and a
+    connection one answer ahead stays so, each answer under the next id.
+    Bytes that come after an answer read in full mean the connection is
+    out of step: it is closed, its host gets a new connection for every
+    request from then on, and its last answers are in doubt (Outcome.doubted:
+    asked again, the new result line wins). The answer just read stands
+    only if it was the first on its connection; otherwise it is asked again.
+    Bytes already read past an answer are seen at once, and urllib3's look
+    before a reuse sees those that came between (WatchedConnection
+    .is_connected). A connection one answer ahead sees neither, and only a
+    watch finds it: a wait for the answer behind (watch_time), after each
+    host's first IN_STEP_CHECKS answers on a reused connection, every
+    IN_STEP_EVERY-th answer on each, before a connection is closed, and as
+    a worker goes idle (watch_idle). A request with a body is never
+    followed on its connection (a server that answered before reading the
+    body takes the rest for a request), nor is an answer that is not a
+    clean success."""
     if conn is None:
         return out
-    reused, watched = conn.sent > 1, hosts.watched(origin)
-    wait = min(took, IN_STEP_WAIT) if reused and hosts.checked.get(origin, 0) < IN_STEP_CHECKS else 0.0
-    stray = leftover or watched and stray_bytes(conn, wait)
-    hosts.answered(origin, reused and watched)
-    if stray:
+    closing = has_body or out.bucket is not Bucket.OK or origin in hosts.single_use or attempt.strayed
+    reused = conn.sent > 1
+    watched = hosts.watched(origin) or conn.sent % IN_STEP_EVERY == 0 or closing and conn.unwatched > 0
+    stray = leftover or watched and stray_bytes(conn, hosts.watch_time(origin, took) if reused else 0.0)
+    hosts.answered(origin, reused and watched, took if out.bucket is Bucket.OK else None)
+    doubted = attempt.doubted + (tuple(conn.recent) if stray else ())
+    if stray or attempt.strayed:
         hosts.single_use.add(origin)
-    if stray or has_body or out.bucket is not Bucket.OK or origin in hosts.single_use:
-        conn.close()
+    if stray or closing:
+        conn.close()  # its next connect() starts anew
+    elif reused:
+        conn.recent.append(item_id)
+        conn.unwatched = 0 if watched else conn.unwatched + 1
     if stray and reused:
-        return Outcome(Bucket.RETRYABLE, out.status, OUT_OF_STEP, cause=Cause.OUT_OF_STEP)
-    return out
+        return Outcome(Bucket.RETRYABLE, out.status, OUT_OF_STEP, cause=Cause.OUT_OF_STEP, doubted=doubted)
+    return dataclasses.replace(out, doubted=doubted) if doubted else out
+
+
+def watch_idle(session: "GuardedSession") -> tuple:
+    """A worker about to go idle watches its connections with answers since
+    their last watch (see in_step), all at once, for the longest
+    watch_time of their hosts: a stray puts their last answers in doubt."""
+    hosts, doubted = session.environment, []
+    ends = time.monotonic() + max(hosts.watch_time(origin, 0.0) for origin in session.unwatched.values())
+    for conn, origin in session.unwatched.items():
+        if stray_bytes(conn, max(0.0, ends - time.monotonic())):
+            doubted.extend(conn.recent)
+            hosts.single_use.add(origin)
+            conn.close()
+        conn.unwatched = 0
+    session.unwatched.clear()
+    return tuple(doubted)
 
 
 def drop_connection(resp: requests.Response) -> None:
@@ -3624,7 +3683,6 @@ def fetch(session: GuardedSession, item_id: str, cfg: Config, redact: Redactor,
     phase, chunked = Phase.REQUEST, False
     try:
         session.origin = origin_of(url)
-        attempt.watched = session.environment.watched(session.origin)
         proxies, auth = session.environment(url, session.origin)  # parses the URL: a bad port raises here
         with session.open(cfg.request.method, url, body, cfg.timeout, proxies, auth, conditional) as resp:
             conn = getattr(resp.raw, "connection", None)  # before the body is read, which gives it back to the pool
@@ -3654,8 +3712,14 @@ def fetch(session: GuardedSession, item_id: str, cfg: Config, redact: Redactor,
     else:
         outcome = interpret(resp, raw or b"", bucket, cfg, redact, now(), item_id, bool(conditional))
     leftover = getattr(getattr(resp.raw, "_original_response", None), "leftover", False)
-    return in_step(conn, outcome, session.environment, origin_of(resp.url), body is not None,
-                   time.monotonic() - started, leftover)
+    origin = origin_of(resp.url)
+    outcome = in_step(conn, outcome, session.environment, origin, body is not None, time.monotonic() - started,
+                      leftover, item_id, attempt)
+    if conn is not None and conn.unwatched:
+        if len(session.unwatched) >= POOLED_HOSTS and conn not in session.unwatched:  # those closed since go
+            session.unwatched = {c: o for c, o in session.unwatched.items() if c.sock is not None}
+        session.unwatched[conn] = origin
+    return outcome
 
 
 class Inflater:
@@ -3959,9 +4023,10 @@ class Tally:
     gone: list = field(default_factory=list)  #: (line, id) of the ids a refresh found removed upstream
     answers: Counter = field(default_factory=Counter)  #: answers by status class (2xx ... 5xx, or "none")
     refusals: int = 0  #: throttles: 429, 503 and answers that said they were a rate limit
+    doubted: int = 0  #: done ids asked again: their answers may have been others' (see in_step)
 
-    def count(self, pass_no: int, what: str) -> None:
-        self.per_pass.setdefault(pass_no, Counter())[what] += 1
+    def count(self, pass_no: int, what: str, n: int = 1) -> None:
+        self.per_pass.setdefault(pass_no, Counter())[what] += n
 
     def stopping(self, why: Stop, now: float, cfg: Config) -> None:
         """The first stop stands; requests in flight get a grace (a whole
@@ -4030,6 +4095,7 @@ class Schedule:
         self.hosts, self.active = {}, deque()  #: Host by name; hosts with ready ids, round robin
         self.next_slot = 0.0  #: --rate: when the next request may start
         self.inflight, self.starts = 0, itertools.count(1)  #: requests in flight; numbers for those started
+        self.watching = 0  #: workers watching their connections as they go idle (see watch_idle)
         self.pauses = {}  #: host name -> the end of its pause, for the hosts an answer paused
         self.quoted = set()  #: the hosts that declared a quota (see quota)
         self.fixed_host = None if "{id}" in urlsplit(cfg.request.url).netloc or cfg.request.url == "{id}" else \
@@ -4072,7 +4138,7 @@ class Schedule:
 
     def empty(self) -> bool:
         """Nothing waiting, ready or in flight."""
-        return not (self.heap or self.active or self.inflight)
+        return not (self.heap or self.active or self.inflight or self.watching)
 
     def next_due(self) -> Optional[float]:
         """When the first id waiting for its time is due (None: none waits)."""
@@ -4227,6 +4293,8 @@ class Books:
         listed there already). A refresh's success goes to refreshed()."""
         if item.prior is not None:
             return self.refreshed(item, out)
+        if item.doubted:  # counted done already: the new result line wins
+            return self.ledger.append("results.jsonl", self.result_line(item, out))
         if item.listed:  # an id gone upstream that came back: its done line is there already
             self.ledger.append("results.jsonl", self.result_line(item, out))
         else:
@@ -4267,6 +4335,14 @@ class Books:
             record.update({k: v for k, v in zip(("etag", "last_modified"), in_force) if v})
         self.note_refresh(item, record)
 
+    def undone(self, item: Item) -> None:
+        """A doubted id (see in_step) failed when asked again: it was counted
+        done when its doubted answer came, and is done no more."""
+        if item.doubted:
+            item.doubted = False
+            self.counts["done"] -= 1
+            self.tally.count(item.pass_no, "done", -1)
+
     def note_refresh(self, item: Item, record: dict) -> None:
         self.ledger.record("refreshed.jsonl", record)
         self.tally.refresh[record["result"]] += 1
@@ -4285,6 +4361,7 @@ class Books:
             record["due"] = iso(at + step.wait)
         self.ledger.record("failed.jsonl", record)
         self.state.failed[item.id] = record
+        self.undone(item)
         if item.prior is not None:
             self.tally.asked_again.add(item.id)
         if step.move is Move.GIVE_UP:
@@ -4306,6 +4383,7 @@ class Books:
                                     self.wallclock(), self.cfg.passes)
         give_up(record, self.ledger, self.state)  # newer than its result: the id is done no more
         self.counts["unavailable"] += 1
+        self.undone(item)
         if not gone:
             self.tally.count(item.pass_no, "unavailable")
         else:
@@ -4373,6 +4451,7 @@ class Settler:
         self.last_due = 0.0  #: when the last id scheduled to wait is due (for the ETA)
         self.started_passes = set()
         self.refresh_due = 0  #: done ids this run refreshes
+        self.doubted = set()  #: ids asked again for an answer that may have been another's (see in_step)
 
     def take(self, now: float) -> Optional[Item]:
         """The next id that may start now (see Schedule.take), counted as started."""
@@ -4439,6 +4518,16 @@ class Settler:
         if self.cfg.verbose:
             self.say(self.request_line(item.id, sent, outcome, decision))
         self.timeline.settled(item, self.fx.clock())
+        self.ask_again(outcome.doubted, item.pass_no)
+
+    def ask_again(self, doubted: tuple, pass_no: int) -> None:
+        """Done ids whose answers may have been others' (see in_step): each
+        asked once more in this run, its new result line the one that wins."""
+        for item_id in doubted:
+            if item_id not in self.doubted:
+                self.doubted.add(item_id)
+                self.tally.doubted += 1
+                self.schedule(Item(item_id, pass_no, listed=True, doubted=True), self.fx.clock())
 
     def request_line(self, item_id: str, sent: float, out: Outcome, decision: str) -> str:
         """-v: one line a request: the time, the id, the answer, how long and how big, what was decided."""
@@ -4621,7 +4710,7 @@ class Timekeeper:
         if self.end_at is not None and not self.tally.stop:
             limits.append(self.end_at)
         timeout = max(0.0, min(limits) - now) if limits else None
-        inflight = self.timeline.inflight
+        inflight = self.timeline.inflight or self.timeline.watching  # a worker will wake it
         real = inflight or self.fx.sleep is None  # injected sleeps stay exact in tests
         for due in (self.ledger.seconds_to_sync(), self.progress.due_in()) if real else ():
             if due is not None:
@@ -4719,7 +4808,7 @@ class Batch:
             self._hand_out()
         timeout = self.keeper.timeout()
         self.wakes_at = self.fx.clock() + bounded_wait(timeout)
-        idle = not self.timeline.inflight
+        idle = not (self.timeline.inflight or self.timeline.watching)
         return timeout, idle, self.ledger.due_files(idle)
 
     def _keep_time(self) -> None:
@@ -4763,6 +4852,10 @@ class Batch:
                 with self.lock:  # the ledger's lines go out in the order they are settled
                     fetched = True
                     item = self._finish(item, outcome)
+                    watching = item is None and bool(session.unwatched) and not self.closed
+                    self.timeline.watching += watching  # the run is not over while it watches
+                if watching:
+                    self._watch_idle(session)
             except RedriveError as exc:
                 self.failure, item = exc, None
             except Exception as exc:
@@ -4773,6 +4866,20 @@ class Batch:
             if item is None:
                 self.wake.set()
                 item = self.jobs.get()
+
+    def _watch_idle(self, session: GuardedSession) -> None:
+        """Watch the connections this worker leaves with answers unwatched
+        (see watch_idle), then ask again what a stray put in doubt."""
+        doubted = ()
+        try:
+            doubted = watch_idle(session)
+        finally:
+            with self.lock:
+                self.timeline.watching -= 1
+                if doubted and not self.closed and not self.tally.crash:
+                    self.settler.ask_again(doubted, 1)
+                    self._hand_out()
+            self.wake.set()
 
     def _finish(self, item: Item, outcome: Outcome) -> Optional[Item]:
         """Settle one outcome (the lock held); return this worker's next id, if any."""
@@ -5039,6 +5146,7 @@ def build_report(total: int, rest: Iterable[str], duplicates: int, state: State,
         "unresolved": [{**row, "id": redact(row["id"])} for row in rows],
         "pending_listed": min(pending, PENDING_LISTED),
         "quota": tally.quota,
+        "out_of_step": tally.doubted,
         "refresh": refresh,
         "shard": list(cfg.shard) if cfg.shard else None,
     }
@@ -5058,6 +5166,9 @@ def summarize(report: dict, news: bool = False, listing: str = "") -> list:
     for pass_no, counts in report["per_pass"].items():
         lines.append(f"  pass {pass_no}: " + ", ".join(f"{counts[k]} {k}" for k in ("done", "failed", "unavailable")
                                                      if counts.get(k)))
+    if report.get("out_of_step") and not news:
+        lines.append(f"  {report['out_of_step']} done ids asked again: the server sent an answer too many on a "
+                     "kept-alive connection, and theirs may have been another id's (the last result line wins)")
     rows = [r for r in report["unresolved"] if not news or r["state"] != "unavailable" or r["new"]]
     older = sum(1 for r in report["unresolved"] if r["state"] == "unavailable") - \
         sum(1 for r in rows if r["state"] == "unavailable")

@@ -5061,6 +5061,58 @@ def test_class_a_connection_carries_one_answer_per_request_in_a_refresh(raw_serv
     assert code == ExitCode.OK, err
 
 
+STRAYS_UNWATCHED = [  # (ids, the one whose answer a stray follows, seconds late, the server's time for every answer)
+    ("the answer behind it in the same read", 40, 20, 0.03, 0.0),
+    ("300 ms late", 40, 20, 0.3, 0.0),
+    ("one answer ahead to the run's end", 40, 30, 0.03, 0.005),
+    ("one answer ahead to a later watch", 2 * redrive.IN_STEP_EVERY + 40, 20, 0.03, 0.005),
+]
+
+
+@pytest.mark.parametrize("case, count, where, late, slow", STRAYS_UNWATCHED, ids=[row[0] for row in STRAYS_UNWATCHED])
+def test_class_a_stray_later_than_any_watch_puts_no_answer_under_another_id(raw_server, tmp_path, case, count, where,
+                                                                             late, slow):
+    """A stray behind an answer no watch looks at, coming after the next
+    request went out: read as that request's answer. With a server slower
+    than the client turns around, the connection stays one answer ahead."""
+    ids = [f"s{i}" for i in range(count)]
+    stray = answer(200, b'{"id":"stray"}', [("Content-Type", "application/json")])
+    raw_server.replies.update({i: [lambda item, hit: [("sleep", slow)] + ok_answer(item, hit)] for i in ids})
+    raw_server.replies[ids[where]] = [lambda item, hit: ok_answer(item, hit) + [("sleep", late), stray], ok_answer]
+    code, err, _ = crawl(raw_server, tmp_path, ids, "--concurrency", "1", "--backoff", "0")
+    assert code == ExitCode.OK, err
+    assert {i: r["body"]["id"] for i, r in latest(tmp_path).items()} == {i: i for i in ids}  # the last line wins
+    assert sorted(state(tmp_path, "done.txt")) == sorted(ids) and state(tmp_path, "unavailable.jsonl") == []
+    report = json.loads((tmp_path / "ids.redrive" / "report.json").read_text())
+    assert report["out_of_step"] >= 1 and report["counts"]["done"] == count and report["per_pass"]["1"]["done"] == count
+    assert "asked again: the server sent an answer too many" in err
+    out = io.StringIO()
+    assert redrive.main([str(tmp_path / "ids.txt"), "--export", "jsonl"], out=out) == ExitCode.OK
+    assert [(r["id"], r["body"]["id"]) for r in map(json.loads, out.getvalue().splitlines())] == [(i, i) for i in ids]
+
+
+def test_class_bytes_that_come_between_answers_put_those_since_the_last_watch_in_doubt(raw_server):
+    """A stray that comes while the connection is idle is seen when it is
+    reused: the answers read on it since it was last watched are in doubt."""
+    stray = answer(200, b'{"id":"stray"}', [("Content-Type", "application/json")])
+    raw_server.replies["b"] = [lambda item, hit: ok_answer(item, hit) + [("sleep", 0.02), stray]]
+    cfg = Config(Path("ids.txt"), Path("state"), request=redrive.Request(url=raw_server.template))
+    watchdog = redrive.Watchdog()
+    session = redrive.make_session(cfg, redrive.HostSettings(), watchdog)
+    try:
+        get = lambda item: redrive.fetch(session, item, cfg, redrive.Redactor(()), time.time)  # noqa: E731
+        first = [get(f"a{n}") for n in range(redrive.IN_STEP_CHECKS + 2)]  # past the host's first watches
+        assert all(out.bucket is Bucket.OK and not out.doubted for out in first)
+        assert json.loads(get("b").body) == {"id": "b"}
+        time.sleep(0.3)  # the stray comes while the connection waits
+        after = get("c")
+        assert json.loads(after.body) == {"id": "c"} and "b" in after.doubted and "a0" not in after.doubted
+        assert [json.loads(get(i).body)["id"] for i in ("d", "e")] == ["d", "e"]
+    finally:
+        watchdog.close()
+    assert raw_server.hits["b"] == 1
+
+
 def test_class_require_finds_the_id_however_the_json_escapes_it(raw_server, tmp_path):
     ids = ["a/b", "café", 'q"t', "b\\s", "t\tab", "\U0001f600"]  # the last is a surrogate pair when escaped
 
