@@ -187,8 +187,8 @@ class RawServer:
     """An HTTP/1.1 server on a raw socket: each id's replies are scripts of
     bytes and socket actions, so it can cut, reset, stall, drip, mis-frame and
     mis-encode an answer byte for byte. A script is a list of steps: bytes to
-    send, "close", "reset" (an RST), ("sleep", s) or ("drip", bytes, s a byte);
-    or a callable (item, hit) -> such a list. The last script of an id repeats."""
+    send, "close", "reset" (an RST), ("sleep", s), ("drip", bytes, s a byte) or
+    ("set", a threading.Event, set when the steps before it are sent); or a callable (item, hit) -> such a list. The last script of an id repeats."""
 
     def __init__(self):
         self.sock = socket.create_server(("127.0.0.1", 0))
@@ -266,6 +266,8 @@ class RawServer:
                 for byte in step[1]:
                     conn.sendall(bytes([byte]))
                     time.sleep(step[2])
+            elif step[0] == "set":
+                step[1].set()
         return True
 
     def close(self):
@@ -5094,8 +5096,8 @@ def test_class_a_stray_later_than_any_watch_puts_no_answer_under_another_id(raw_
 def test_class_bytes_that_come_between_answers_put_those_since_the_last_watch_in_doubt(raw_server):
     """A stray that comes while the connection is idle is seen when it is
     reused: the answers read on it since it was last watched are in doubt."""
-    stray = answer(200, b'{"id":"stray"}', [("Content-Type", "application/json")])
-    raw_server.replies["b"] = [lambda item, hit: ok_answer(item, hit) + [("sleep", 0.02), stray]]
+    stray, sent = answer(200, b'{"id":"stray"}', [("Content-Type", "application/json")]), threading.Event()
+    raw_server.replies["b"] = [lambda item, hit: ok_answer(item, hit) + [("sleep", 0.02), stray, ("set", sent)]]
     cfg = Config(Path("ids.txt"), Path("state"), request=redrive.Request(url=raw_server.template))
     watchdog = redrive.Watchdog()
     session = redrive.make_session(cfg, redrive.HostSettings(), watchdog)
@@ -5104,7 +5106,8 @@ def test_class_bytes_that_come_between_answers_put_those_since_the_last_watch_in
         first = [get(f"a{n}") for n in range(redrive.IN_STEP_CHECKS + 2)]  # past the host's first watches
         assert all(out.bucket is Bucket.OK and not out.doubted for out in first)
         assert json.loads(get("b").body) == {"id": "b"}
-        time.sleep(0.3)  # the stray comes while the connection waits
+        assert sent.wait(10)  # the stray comes while the connection waits
+        time.sleep(0.05)  # and is there when it is reused
         after = get("c")
         assert json.loads(after.body) == {"id": "c"} and "b" in after.doubted and "a0" not in after.doubted
         assert [json.loads(get(i).body)["id"] for i in ("d", "e")] == ["d", "e"]
