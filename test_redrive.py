@@ -5091,6 +5091,7 @@ def test_class_a_stray_later_than_any_watch_puts_no_answer_under_another_id(raw_
     out = io.StringIO()
     assert redrive.main([str(tmp_path / "ids.txt"), "--export", "jsonl"], out=out) == ExitCode.OK
     assert [(r["id"], r["body"]["id"]) for r in map(json.loads, out.getvalue().splitlines())] == [(i, i) for i in ids]
+    assert redrive.main([str(tmp_path / "ids.txt"), "--check"], out=io.StringIO()) == ExitCode.OK
 
 
 def test_class_bytes_that_come_between_answers_put_those_since_the_last_watch_in_doubt(raw_server):
