@@ -3359,7 +3359,7 @@ class WatchedConnection:
         step, and the answers read on it since it was last watched in doubt."""
         connected = super().is_connected
         attempt = getattr(CURRENT, "attempt", None)
-        if not connected and self.sent and attempt is not None and stray_bytes(self):
+        if not connected and self.sent and attempt is not None and stray_bytes(self.sock):
             attempt.strayed, attempt.doubted = True, tuple(self.recent)
             self.recent.clear()
         return connected
@@ -3490,6 +3490,7 @@ class GuardedSession(requests.Session):
         self.guarded, self.user_cookie = guarded, None
         self.origin = None
         self.unwatched = {}  #: connection -> origin, for those with answers since their last watch (see in_step)
+        self.aside = []  #: Aside: sockets set aside to be watched (see in_step)
         self.environment, self.watchdog = settings, watchdog
         bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
         self.verify = bundle or True
@@ -3570,12 +3571,11 @@ def drain_redirect(resp: requests.Response) -> None:
     resp._content, resp._content_consumed = b"", True  # requests takes it as read
 
 
-def stray_bytes(conn, wait: float = 0.0) -> bool:
-    """Whether bytes come on a connection whose answer was read in full,
-    within wait seconds: a second answer, the connection out of step. One
-    byte is read to tell a stray from a close (or a TLS ticket); either way
-    the caller closes the connection."""
-    sock = getattr(conn, "sock", None)
+def stray_bytes(sock, wait: float = 0.0) -> bool:
+    """Whether bytes come on a connection's socket whose answer was read in
+    full, within wait seconds: a second answer, the connection out of step.
+    One byte is read to tell a stray from a close (or a TLS ticket); either
+    way the caller closes the connection."""
     if sock is None:
         return False
     try:
@@ -3587,7 +3587,16 @@ def stray_bytes(conn, wait: float = 0.0) -> bool:
         return False
 
 
-def in_step(conn, out: Outcome, hosts: "HostSettings", origin: tuple, has_body: bool, took: float,
+class Aside(NamedTuple):
+    """A connection's socket set aside to be watched (see in_step)."""
+
+    at: float  #: when it is looked at: the answer behind its last would have come
+    sock: Any
+    ids: tuple  #: its last answers' ids
+    origin: tuple
+
+
+def in_step(conn, out: Outcome, session: "GuardedSession", origin: tuple, has_body: bool, took: float,
             leftover: bool, item_id: str, attempt: Attempt) -> Outcome:
     """The outcome, unless the connection carried a stray answer around it.
 
@@ -3602,47 +3611,69 @@ def in_step(conn, out: Outcome, hosts: "HostSettings", origin: tuple, has_body: 
     Bytes already read past an answer are seen at once, and urllib3's look
     before a reuse sees those that came between (WatchedConnection
     .is_connected). A connection one answer ahead sees neither, and only a
-    watch finds it: a wait for the answer behind (watch_time), after each
-    host's first IN_STEP_CHECKS answers on a reused connection, every
-    IN_STEP_EVERY-th answer on each, before a connection is closed, and as
-    a worker goes idle (watch_idle). A request with a body is never
-    followed on its connection (a server that answered before reading the
-    body takes the rest for a request), nor is an answer that is not a
-    clean success."""
+    watch finds it: the connection is set aside and looked at once the
+    answer behind its last would have come (watch_time), while the worker
+    goes on with a new one; so are each host's first IN_STEP_CHECKS answers
+    on a reused connection, every IN_STEP_EVERY-th on each, a connection
+    closed with answers unwatched, and a worker's as it goes idle
+    (watch_idle). A request with a body is never followed on its connection
+    (a server that answered before reading the body takes the rest for a
+    request), nor is an answer that is not a clean success."""
     if conn is None:
         return out
+    hosts = session.environment
     closing = has_body or out.bucket is not Bucket.OK or origin in hosts.single_use or attempt.strayed
     reused = conn.sent > 1
-    watched = hosts.watched(origin) or conn.sent % IN_STEP_EVERY == 0 or closing and conn.unwatched > 0
-    stray = leftover or watched and stray_bytes(conn, hosts.watch_time(origin, took) if reused else 0.0)
-    hosts.answered(origin, reused and watched, took if out.bucket is Bucket.OK else None)
-    doubted = attempt.doubted + (tuple(conn.recent) if stray else ())
-    if stray or attempt.strayed:
+    watched = reused and (hosts.watched(origin) or conn.sent % IN_STEP_EVERY == 0) or closing and conn.unwatched > 0
+    hosts.answered(origin, watched, took if out.bucket is Bucket.OK else None)
+    doubted = attempt.doubted + (tuple(conn.recent) if leftover else ())
+    if leftover or attempt.strayed:
         hosts.single_use.add(origin)
-    if stray or closing:
-        conn.close()  # its next connect() starts anew
-    elif reused:
+    if reused and not leftover:
         conn.recent.append(item_id)
-        conn.unwatched = 0 if watched else conn.unwatched + 1
-    if stray and reused:
+        conn.unwatched += 1
+    if watched and not leftover:
+        set_aside(session, conn, origin, time.monotonic() + hosts.watch_time(origin, took))
+    elif leftover or closing:
+        conn.close()  # its next connect() starts anew
+    if leftover and reused:
         return Outcome(Bucket.RETRYABLE, out.status, OUT_OF_STEP, cause=Cause.OUT_OF_STEP, doubted=doubted)
     return dataclasses.replace(out, doubted=doubted) if doubted else out
 
 
-def watch_idle(session: "GuardedSession") -> tuple:
-    """A worker about to go idle watches its connections with answers since
-    their last watch (see in_step), all at once, for the longest
-    watch_time of their hosts: a stray puts their last answers in doubt."""
-    hosts, doubted = session.environment, []
-    ends = time.monotonic() + max(hosts.watch_time(origin, 0.0) for origin in session.unwatched.values())
-    for conn, origin in session.unwatched.items():
-        if stray_bytes(conn, max(0.0, ends - time.monotonic())):
-            doubted.extend(conn.recent)
-            hosts.single_use.add(origin)
-            conn.close()
-        conn.unwatched = 0
-    session.unwatched.clear()
+def set_aside(session: "GuardedSession", conn, origin: tuple, at: float) -> None:
+    """Watch the connection (see in_step): its socket is kept to be looked at
+    `at`, and the connection opens a new one for its next request."""
+    sock, conn.sock, conn.unwatched = conn.sock, None, 0
+    if sock is not None:
+        session.aside.append(Aside(at, sock, tuple(conn.recent), origin))
+    conn.close()
+    session.unwatched.pop(conn, None)
+
+
+def look_aside(session: "GuardedSession", now: float, wait: bool = False) -> tuple:
+    """Look at the sockets set aside whose time has come (every one, waiting
+    for its time, when wait): bytes on one put its ids in doubt. Each is closed."""
+    due, doubted = [a for a in session.aside if wait or a.at <= now], []
+    for aside in due:
+        if stray_bytes(aside.sock, max(0.0, aside.at - time.monotonic()) if wait else 0.0):
+            doubted.extend(aside.ids)
+            session.environment.single_use.add(aside.origin)
+        with contextlib.suppress(OSError):
+            aside.sock.close()
+    if due:
+        session.aside = [a for a in session.aside if a not in due]
     return tuple(doubted)
+
+
+def watch_idle(session: "GuardedSession") -> tuple:
+    """A worker about to go idle sets aside its connections with answers since
+    their last watch, then looks at every socket set aside, each at its time
+    (see in_step): a stray puts its ids in doubt."""
+    hosts, now = session.environment, time.monotonic()
+    for conn, origin in list(session.unwatched.items()):
+        set_aside(session, conn, origin, now + hosts.watch_time(origin, 0.0))
+    return look_aside(session, now, wait=True)
 
 
 def drop_connection(resp: requests.Response) -> None:
@@ -3671,6 +3702,15 @@ def make_session(cfg: Config, settings: HostSettings, watchdog: Watchdog) -> Gua
 
 def fetch(session: GuardedSession, item_id: str, cfg: Config, redact: Redactor,
           now: Callable[[], float], prior: Optional[Prior] = None) -> Outcome:
+    """One attempt (see attempt_once), with what the sockets set aside whose
+    time has come put in doubt (see in_step)."""
+    outcome = attempt_once(session, item_id, cfg, redact, now, prior)
+    doubted = look_aside(session, time.monotonic()) if session.aside else ()
+    return dataclasses.replace(outcome, doubted=outcome.doubted + doubted) if doubted else outcome
+
+
+def attempt_once(session: GuardedSession, item_id: str, cfg: Config, redact: Redactor,
+                 now: Callable[[], float], prior: Optional[Prior] = None) -> Outcome:
     """One attempt (a conditional one for a refresh: prior). Every failure of
     the network, the server or the HTTP libraries comes back as an Outcome;
     only a bug in redrive raises."""
@@ -3713,9 +3753,9 @@ def fetch(session: GuardedSession, item_id: str, cfg: Config, redact: Redactor,
         outcome = interpret(resp, raw or b"", bucket, cfg, redact, now(), item_id, bool(conditional))
     leftover = getattr(getattr(resp.raw, "_original_response", None), "leftover", False)
     origin = origin_of(resp.url)
-    outcome = in_step(conn, outcome, session.environment, origin, body is not None, time.monotonic() - started,
+    outcome = in_step(conn, outcome, session, origin, body is not None, time.monotonic() - started,
                       leftover, item_id, attempt)
-    if conn is not None and conn.unwatched:
+    if conn is not None and conn.unwatched and conn.sock is not None:
         if len(session.unwatched) >= POOLED_HOSTS and conn not in session.unwatched:  # those closed since go
             session.unwatched = {c: o for c, o in session.unwatched.items() if c.sock is not None}
         session.unwatched[conn] = origin
@@ -4527,7 +4567,8 @@ class Settler:
             if item_id not in self.doubted:
                 self.doubted.add(item_id)
                 self.tally.doubted += 1
-                self.schedule(Item(item_id, pass_no, listed=True, doubted=True), self.fx.clock())
+                now = self.fx.clock()  # asked before: it goes ahead of the untried ids
+                self.schedule(Item(item_id, pass_no, listed=True, doubted=True, sent=now), now)
 
     def request_line(self, item_id: str, sent: float, out: Outcome, decision: str) -> str:
         """-v: one line a request: the time, the id, the answer, how long and how big, what was decided."""
@@ -4852,7 +4893,7 @@ class Batch:
                 with self.lock:  # the ledger's lines go out in the order they are settled
                     fetched = True
                     item = self._finish(item, outcome)
-                    watching = item is None and bool(session.unwatched) and not self.closed
+                    watching = item is None and bool(session.unwatched or session.aside) and not self.closed
                     self.timeline.watching += watching  # the run is not over while it watches
                 if watching:
                     self._watch_idle(session)

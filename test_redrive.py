@@ -5092,6 +5092,9 @@ def test_class_a_stray_later_than_any_watch_puts_no_answer_under_another_id(raw_
     assert redrive.main([str(tmp_path / "ids.txt"), "--export", "jsonl"], out=out) == ExitCode.OK
     assert [(r["id"], r["body"]["id"]) for r in map(json.loads, out.getvalue().splitlines())] == [(i, i) for i in ids]
     assert redrive.main([str(tmp_path / "ids.txt"), "--check"], out=io.StringIO()) == ExitCode.OK
+    if count > 2 * redrive.IN_STEP_EVERY:  # found by a watch mid-run: asked again then, not at the run's end
+        asked = [head.split(" ", 2)[1].rsplit("/", 1)[-1] for head in raw_server.requests]
+        assert asked.index(ids[where + 1], asked.index(ids[where + 1]) + 1) < asked.index(ids[-1])
 
 
 def test_class_bytes_that_come_between_answers_put_those_since_the_last_watch_in_doubt(raw_server):
@@ -5104,7 +5107,8 @@ def test_class_bytes_that_come_between_answers_put_those_since_the_last_watch_in
     session = redrive.make_session(cfg, redrive.HostSettings(), watchdog)
     try:
         get = lambda item: redrive.fetch(session, item, cfg, redrive.Redactor(()), time.time)  # noqa: E731
-        first = [get(f"a{n}") for n in range(redrive.IN_STEP_CHECKS + 2)]  # past the host's first watches
+        first = [get(f"a{n}") for n in range(2 * redrive.IN_STEP_CHECKS + 2)]  # past the host's first watches,
+        # each on its connection's second answer (a watched connection is set aside: the next one opens anew)
         assert all(out.bucket is Bucket.OK and not out.doubted for out in first)
         assert json.loads(get("b").body) == {"id": "b"}
         assert sent.wait(10)  # the stray comes while the connection waits
