@@ -507,7 +507,7 @@ class Outcome:
     unchanged: bool = False  #: a 304 to a conditional request: the stored result stands
     etag: Optional[str] = None  #: a success's validators, sent back by a refresh
     last_modified: Optional[str] = None
-    doubted: tuple = ()  #: ids answered before it on its connection, whose answers may be others' (see in_step)
+    doubted: tuple = ()  #: (id, a success) answered before it on its connection, maybe with others' answers (see in_step)
 
 
 class Prior(NamedTuple):
@@ -547,7 +547,7 @@ class Item:
     timed_out: bool = False  #: an attempt of it timed out before: a slow item, no sign of a host gone silent
     prior: Optional[Prior] = None  #: a done id being refreshed: its stored result's validators
     listed: bool = False  #: done.txt lists it already (a refresh, or an id gone upstream that came back)
-    doubted: bool = False  #: done, but its answer may have been another id's (see in_step): asked again
+    doubted: bool = False  #: its answer may have been another id's (see in_step): asked again, its verdict undone
 
 
 @dataclass(frozen=True)
@@ -3231,7 +3231,7 @@ class Attempt:
     def __init__(self, deadline: float):
         self.deadline, self.conn, self.expired = deadline, None, False
         self.strayed = False  #: the connection it was to reuse held bytes nobody asked for (see in_step)
-        self.doubted = ()  #: the ids answered on that connection since it was last watched
+        self.doubted = ()  #: (id, a success) of the last answers on that connection
 
     def cut(self) -> None:
         """Past the deadline: shut the socket down, which wakes a read blocked on it."""
@@ -3293,9 +3293,32 @@ class Watchdog:
                 self.cond.wait(wait)
 
 
+class HeldIO(socket.SocketIO):
+    """A response's raw socket reader that can be told to read nothing, so
+    that what its buffered reader holds is seen with no system call: each
+    one lets another thread take the GIL, which costs a fast run 10% of its
+    CPU when made for every answer (see buffered)."""
+
+    holding = False
+
+    def readinto(self, b):
+        return None if self.holding else super().readinto(b)  # None: nothing there yet, as a non-blocking read
+
+
 def buffered(fp) -> bytes:
-    """What a socket's buffered reader holds, and what can be read at once."""
-    sock = getattr(getattr(fp, "raw", None), "_sock", None)
+    """What a socket's buffered reader holds (and, but with a HeldIO under
+    it, what can be read at once)."""
+    raw = getattr(fp, "raw", None)
+    if isinstance(raw, HeldIO):
+        raw.holding = True
+        try:
+            pending = getattr(raw._sock, "pending", lambda: 0)()  # TLS: decrypted, not yet read (no system call)
+            return fp.peek(1) or b"\0" * min(pending, 1)
+        except (OSError, ValueError):
+            return b""
+        finally:
+            raw.holding = False
+    sock = getattr(raw, "_sock", None)
     if sock is None:
         return b""
     timeout = sock.gettimeout()
@@ -3319,6 +3342,11 @@ class FinalResponse(http.client.HTTPResponse):
 
     interim = 0
     leftover = False  #: bytes were read past the answer's end: another answer (see in_step)
+
+    def __init__(self, sock, *args, **kwargs):
+        super().__init__(sock, *args, **kwargs)
+        if type(getattr(self.fp, "raw", None)) is socket.SocketIO:
+            self.fp.raw.__class__ = HeldIO  # the same object: what buffered() looks at costs no system call
 
     def _close_conn(self):
         """The answer is read: look at what its buffer read past it (a
@@ -3345,7 +3373,7 @@ class WatchedConnection:
     response_class = FinalResponse
     sent = 0
     unwatched = 0  #: answers since it was last watched
-    recent = ()  #: the ids of its last 2 x IN_STEP_EVERY answers but its first
+    recent = ()  #: (id, a success) of its last 2 x IN_STEP_EVERY answers but its first
 
     def connect(self):
         self._watch()
@@ -3452,11 +3480,12 @@ class HostSettings:
             self.typical[origin] = typical + (took - typical) / 8  # TCP's smoothed round trip (RFC 6298)
 
     def watch_time(self, origin: tuple, took: float) -> float:
-        """How long a watch waits for a stray: min(IN_STEP_WAIT, max(this
+        """How long a watch waits for a stray: min(IN_STEP_WAIT, 4 max(this
         answer's time, the host's typical)). A connection one answer ahead
-        gets each answer early by up to half the server's time; the one
-        behind it comes about half the server's time after."""
-        return min(IN_STEP_WAIT, max(took, self.typical.get(origin, 0.0)))
+        gets each answer early by up to half the server's time, and the one
+        behind it comes about half the server's time after; 4 x that, for a
+        server whose time varies (a loaded one)."""
+        return min(IN_STEP_WAIT, 4 * max(took, self.typical.get(origin, 0.0)))
 
     def __call__(self, url: str, origin: tuple) -> tuple:
         found = self.memo.get(origin)
@@ -3592,7 +3621,7 @@ class Aside(NamedTuple):
 
     at: float  #: when it is looked at: the answer behind its last would have come
     sock: Any
-    ids: tuple  #: its last answers' ids
+    ids: tuple  #: (id, a success) of its last answers
     origin: tuple
 
 
@@ -3630,7 +3659,7 @@ def in_step(conn, out: Outcome, session: "GuardedSession", origin: tuple, has_bo
     if leftover or attempt.strayed:
         hosts.single_use.add(origin)
     if reused and not leftover:
-        conn.recent.append(item_id)
+        conn.recent.append((item_id, out.bucket is Bucket.OK))
         conn.unwatched += 1
     if watched and not leftover:
         set_aside(session, conn, origin, time.monotonic() + hosts.watch_time(origin, took))
@@ -3646,6 +3675,8 @@ def set_aside(session: "GuardedSession", conn, origin: tuple, at: float) -> None
     `at`, and the connection opens a new one for its next request."""
     sock, conn.sock, conn.unwatched = conn.sock, None, 0
     if sock is not None:
+        if len(session.aside) >= POOLED_HOSTS:  # as many sockets as connections at most: the oldest is looked at now
+            session.aside[0] = session.aside[0]._replace(at=-math.inf)
         session.aside.append(Aside(at, sock, tuple(conn.recent), origin))
     conn.close()
     session.unwatched.pop(conn, None)
@@ -4333,7 +4364,7 @@ class Books:
         listed there already). A refresh's success goes to refreshed()."""
         if item.prior is not None:
             return self.refreshed(item, out)
-        if item.doubted:  # counted done already: the new result line wins
+        if item.doubted and item.listed:  # counted done already: the new result line wins
             return self.ledger.append("results.jsonl", self.result_line(item, out))
         if item.listed:  # an id gone upstream that came back: its done line is there already
             self.ledger.append("results.jsonl", self.result_line(item, out))
@@ -4376,9 +4407,9 @@ class Books:
         self.note_refresh(item, record)
 
     def undone(self, item: Item) -> None:
-        """A doubted id (see in_step) failed when asked again: it was counted
-        done when its doubted answer came, and is done no more."""
-        if item.doubted:
+        """A doubted id (see in_step) that was done failed when asked again:
+        it was counted done when its doubted answer came, and is done no more."""
+        if item.doubted and item.listed:
             item.doubted = False
             self.counts["done"] -= 1
             self.tally.count(item.pass_no, "done", -1)
@@ -4491,7 +4522,7 @@ class Settler:
         self.last_due = 0.0  #: when the last id scheduled to wait is due (for the ETA)
         self.started_passes = set()
         self.refresh_due = 0  #: done ids this run refreshes
-        self.doubted = set()  #: ids asked again for an answer that may have been another's (see in_step)
+        self.suspect = set()  #: ids in doubt not settled then (see in_step): unavailable, they are asked again
 
     def take(self, now: float) -> Optional[Item]:
         """The next id that may start now (see Schedule.take), counted as started."""
@@ -4561,14 +4592,22 @@ class Settler:
         self.ask_again(outcome.doubted, item.pass_no)
 
     def ask_again(self, doubted: tuple, pass_no: int) -> None:
-        """Done ids whose answers may have been others' (see in_step): each
-        asked once more in this run, its new result line the one that wins."""
-        for item_id in doubted:
-            if item_id not in self.doubted:
-                self.doubted.add(item_id)
-                self.tally.doubted += 1
-                now = self.fx.clock()  # asked before: it goes ahead of the untried ids
-                self.schedule(Item(item_id, pass_no, listed=True, doubted=True, sent=now), now)
+        """Ids whose answers may have been others' (see in_step), each asked
+        once more in this run: a success (its new result line wins) or one
+        confirmed unavailable, its verdict undone. One not yet settled is
+        asked again when a verdict of unavailable comes (see settle)."""
+        for item_id, ok in doubted:  # each answer is in one connection's last ones: in doubt once
+            gone = not ok and item_id in self.books.state.fresh
+            if not (ok or gone):
+                self.suspect.add(item_id)
+                continue
+            self.tally.doubted += 1
+            if gone:  # counted unavailable: its next verdict counts instead (the later verdict wins)
+                self.books.state.fresh.discard(item_id)
+                self.counts["unavailable"] -= 1
+                self.tally.count(pass_no, "unavailable", -1)
+            now = self.fx.clock()  # asked before: it goes ahead of the untried ids
+            self.schedule(Item(item_id, pass_no, listed=ok, doubted=True, sent=now), now)
 
     def request_line(self, item_id: str, sent: float, out: Outcome, decision: str) -> str:
         """-v: one line a request: the time, the id, the answer, how long and how big, what was decided."""
@@ -4684,6 +4723,12 @@ class Settler:
         """Apply what one attempt means for its id (see next_step); say what, in a word or three."""
         item.tries += 1
         step = next_step(out, item.tries, item.pass_no, self.cfg, bool(self.tally.stop), self.fx.rand)
+        if item.id in self.suspect and step.move in (Move.UNAVAILABLE, Move.GIVE_UP):
+            self.suspect.discard(item.id)  # its answer may have been another's (see in_step): no verdict, no try
+            self.tally.doubted += 1
+            item.tries -= 1
+            self.schedule(item, self.fx.clock())
+            return "asked again: an answer too many came on its connection"
         if step.move is Move.DONE:
             self.books.done(item, out)
         elif step.move is Move.HALT:
