@@ -3645,7 +3645,7 @@ def in_step(conn, out: Outcome, session: "GuardedSession", origin: tuple, has_bo
     goes on with a new one; so are each host's first IN_STEP_CHECKS answers
     on a reused connection, every IN_STEP_EVERY-th on each, a connection
     closed with answers unwatched, and a worker's as it goes idle
-    (watch_idle). A request with a body is never followed on its connection
+    (leave_idle). A request with a body is never followed on its connection
     (a server that answered before reading the body takes the rest for a
     request), nor is an answer that is not a clean success."""
     if conn is None:
@@ -3682,29 +3682,31 @@ def set_aside(session: "GuardedSession", conn, origin: tuple, at: float) -> None
     session.unwatched.pop(conn, None)
 
 
-def look_aside(session: "GuardedSession", now: float, wait: bool = False) -> tuple:
+def look_aside(aside: list, hosts: HostSettings, now: float, wait: bool = False) -> tuple:
     """Look at the sockets set aside whose time has come (every one, waiting
-    for its time, when wait): bytes on one put its ids in doubt. Each is closed."""
-    due, doubted = [a for a in session.aside if wait or a.at <= now], []
-    for aside in due:
-        if stray_bytes(aside.sock, max(0.0, aside.at - time.monotonic()) if wait else 0.0):
-            doubted.extend(aside.ids)
-            session.environment.single_use.add(aside.origin)
+    for its time, when wait), and take them off the list: bytes on one put
+    its ids in doubt. Each is closed."""
+    due, doubted = [a for a in aside if wait or a.at <= now], []
+    for one in due:
+        if stray_bytes(one.sock, max(0.0, one.at - time.monotonic()) if wait else 0.0):
+            doubted.extend(one.ids)
+            hosts.single_use.add(one.origin)
         with contextlib.suppress(OSError):
-            aside.sock.close()
+            one.sock.close()
     if due:
-        session.aside = [a for a in session.aside if a not in due]
+        aside[:] = [a for a in aside if a not in due]
     return tuple(doubted)
 
 
-def watch_idle(session: "GuardedSession") -> tuple:
-    """A worker about to go idle sets aside its connections with answers since
-    their last watch, then looks at every socket set aside, each at its time
-    (see in_step): a stray puts its ids in doubt."""
+def leave_idle(session: "GuardedSession") -> list:
+    """A worker about to go idle sets aside its connections with answers
+    since their last watch, and hands over every socket set aside, to be
+    looked at by the run (see in_step): it waits for none of them."""
     hosts, now = session.environment, time.monotonic()
     for conn, origin in list(session.unwatched.items()):
         set_aside(session, conn, origin, now + hosts.watch_time(origin, 0.0))
-    return look_aside(session, now, wait=True)
+    handed, session.aside = session.aside, []
+    return handed
 
 
 def drop_connection(resp: requests.Response) -> None:
@@ -3736,7 +3738,7 @@ def fetch(session: GuardedSession, item_id: str, cfg: Config, redact: Redactor,
     """One attempt (see attempt_once), with what the sockets set aside whose
     time has come put in doubt (see in_step)."""
     outcome = attempt_once(session, item_id, cfg, redact, now, prior)
-    doubted = look_aside(session, time.monotonic()) if session.aside else ()
+    doubted = look_aside(session.aside, session.environment, time.monotonic()) if session.aside else ()
     return dataclasses.replace(outcome, doubted=outcome.doubted + doubted) if doubted else outcome
 
 
@@ -4166,7 +4168,6 @@ class Schedule:
         self.hosts, self.active = {}, deque()  #: Host by name; hosts with ready ids, round robin
         self.next_slot = 0.0  #: --rate: when the next request may start
         self.inflight, self.starts = 0, itertools.count(1)  #: requests in flight; numbers for those started
-        self.watching = 0  #: workers watching their connections as they go idle (see watch_idle)
         self.pauses = {}  #: host name -> the end of its pause, for the hosts an answer paused
         self.quoted = set()  #: the hosts that declared a quota (see quota)
         self.fixed_host = None if "{id}" in urlsplit(cfg.request.url).netloc or cfg.request.url == "{id}" else \
@@ -4209,7 +4210,7 @@ class Schedule:
 
     def empty(self) -> bool:
         """Nothing waiting, ready or in flight."""
-        return not (self.heap or self.active or self.inflight or self.watching)
+        return not (self.heap or self.active or self.inflight)
 
     def next_due(self) -> Optional[float]:
         """When the first id waiting for its time is due (None: none waits)."""
@@ -4796,7 +4797,7 @@ class Timekeeper:
         if self.end_at is not None and not self.tally.stop:
             limits.append(self.end_at)
         timeout = max(0.0, min(limits) - now) if limits else None
-        inflight = self.timeline.inflight or self.timeline.watching  # a worker will wake it
+        inflight = self.timeline.inflight
         real = inflight or self.fx.sleep is None  # injected sleeps stay exact in tests
         for due in (self.ledger.seconds_to_sync(), self.progress.due_in()) if real else ():
             if due is not None:
@@ -4827,6 +4828,7 @@ class Batch:
         self.sleep = fx.sleep or self.wake.wait
         self.wakes_at = 0.0  #: when the main thread looks again, unless woken
         self.timed = False  #: some requests are paced: threads switch every SWITCH_INTERVAL
+        self.aside = []  #: Aside: sockets idle workers set aside, to be looked at (see in_step)
 
     def request_stop(self, why: Stop) -> None:
         """Stop starting requests; wait a little for those in flight.
@@ -4888,13 +4890,16 @@ class Batch:
         whether nothing is in flight, the state files due for an fsync)."""
         if self.failure:
             raise self.failure
+        if self.aside:  # sockets idle workers set aside: looked at in time, or all before the run can end
+            doubted = look_aside(self.aside, self.host_settings, time.monotonic(), wait=self.timeline.empty())
+            self.settler.ask_again(doubted, 1)
         if not self.keeper.tend():
             return None
         if not self.tally.stop:
             self._hand_out()
         timeout = self.keeper.timeout()
         self.wakes_at = self.fx.clock() + bounded_wait(timeout)
-        idle = not (self.timeline.inflight or self.timeline.watching)
+        idle = not self.timeline.inflight
         return timeout, idle, self.ledger.due_files(idle)
 
     def _keep_time(self) -> None:
@@ -4938,10 +4943,8 @@ class Batch:
                 with self.lock:  # the ledger's lines go out in the order they are settled
                     fetched = True
                     item = self._finish(item, outcome)
-                    watching = item is None and bool(session.unwatched or session.aside) and not self.closed
-                    self.timeline.watching += watching  # the run is not over while it watches
-                if watching:
-                    self._watch_idle(session)
+                    if item is None and (session.unwatched or session.aside):  # before the run can end
+                        self.aside.extend(leave_idle(session))
             except RedriveError as exc:
                 self.failure, item = exc, None
             except Exception as exc:
@@ -4952,20 +4955,6 @@ class Batch:
             if item is None:
                 self.wake.set()
                 item = self.jobs.get()
-
-    def _watch_idle(self, session: GuardedSession) -> None:
-        """Watch the connections this worker leaves with answers unwatched
-        (see watch_idle), then ask again what a stray put in doubt."""
-        doubted = ()
-        try:
-            doubted = watch_idle(session)
-        finally:
-            with self.lock:
-                self.timeline.watching -= 1
-                if doubted and not self.closed and not self.tally.crash:
-                    self.settler.ask_again(doubted, 1)
-                    self._hand_out()
-            self.wake.set()
 
     def _finish(self, item: Item, outcome: Outcome) -> Optional[Item]:
         """Settle one outcome (the lock held); return this worker's next id, if any."""

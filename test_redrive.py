@@ -18,6 +18,7 @@ import os
 import queue
 import random
 import re
+import select
 import shutil
 import signal
 import socket
@@ -187,8 +188,9 @@ class RawServer:
     """An HTTP/1.1 server on a raw socket: each id's replies are scripts of
     bytes and socket actions, so it can cut, reset, stall, drip, mis-frame and
     mis-encode an answer byte for byte. A script is a list of steps: bytes to
-    send, "close", "reset" (an RST), ("sleep", s), ("drip", bytes, s a byte) or
-    ("set", a threading.Event, set when the steps before it are sent); or a callable (item, hit) -> such a list. The last script of an id repeats."""
+    send, "close", "reset" (an RST), ("sleep", s), ("drip", bytes, s a byte),
+    ("set", a threading.Event, set when the steps before it are sent) or
+    ("await",): on once the next request has come; or a callable (item, hit) -> such a list. The last script of an id repeats."""
 
     def __init__(self, tls=None):
         self.sock = socket.create_server(("127.0.0.1", 0))
@@ -270,6 +272,8 @@ class RawServer:
                     time.sleep(step[2])
             elif step[0] == "set":
                 step[1].set()
+            elif step[0] == "await":
+                select.select([conn], [], [], 10)
         return True
 
     def close(self):
@@ -5092,6 +5096,19 @@ def test_class_a_connection_carries_one_answer_per_request_over_tls(raw_tls_serv
     test_class_a_connection_carries_one_answer_per_request(raw_tls_server, tmp_path, stray, after, workers)
 
 
+def test_class_a_stray_in_the_tls_record_of_a_large_answer_is_seen(raw_tls_server, tmp_path):
+    """A body read straight into its buffer leaves the rest of its TLS record decrypted in the TLS layer."""
+    ids = [f"t{i}" for i in range(40)]
+    stray = answer(200, b'{"id":"stray"}', [("Content-Type", "application/json")])
+    large = lambda item, hit: [answer(200, json.dumps({"id": item, "pad": "x" * 20000}).encode(),  # noqa: E731
+                                      [("Content-Type", "application/json")]) + stray]
+    raw_tls_server.replies.update({i: [large] for i in ids})
+    code, err, _ = crawl(raw_tls_server, tmp_path, ids, "--concurrency", "1", "--backoff", "0")
+    assert code == ExitCode.OK, err
+    assert {i: r["body"]["id"] for i, r in latest(tmp_path).items()} == {i: i for i in ids}
+    assert sum(raw_tls_server.hits.values()) == len(ids)  # seen at once, on the first answer: none asked twice
+
+
 @pytest.mark.parametrize("case, count, where, late, slow", STRAYS_UNWATCHED, ids=[row[0] for row in STRAYS_UNWATCHED])
 def test_class_a_stray_later_than_any_watch_puts_no_answer_under_another_id(raw_server, tmp_path, case, count, where,
                                                                              late, slow):
@@ -5116,6 +5133,22 @@ def test_class_a_stray_later_than_any_watch_puts_no_answer_under_another_id(raw_
     if count > 2 * redrive.IN_STEP_EVERY:  # found by a watch mid-run: asked again then, not at the run's end
         asked = [head.split(" ", 2)[1].rsplit("/", 1)[-1] for head in raw_server.requests]
         assert asked.index(ids[where + 1], asked.index(ids[where + 1]) + 1) < asked.index(ids[-1])
+
+
+def test_class_an_answer_in_doubt_before_its_verdict_is_asked_again_when_the_verdict_comes(raw_server, tmp_path):
+    """The stray is a 404, read as the next id's answer and held by the
+    guard among other 404s when the doubt comes: that id is asked again
+    when the guard lets its verdict go, not confirmed unavailable."""
+    ids = [f"g{i}" for i in range(12)]
+    slow = lambda item, hit: [("sleep", 0.02)] + ok_answer(item, hit)  # noqa: E731
+    raw_server.replies.update({i: [slow] for i in ids})
+    raw_server.replies["g0"] = [lambda item, hit: ok_answer(item, hit) + [("await",), answer(404, b"stray")], slow]
+    raw_server.replies.update({i: [[("sleep", 0.02), answer(404, b"gone")]] for i in ids[2:6]})
+    code, err, _ = crawl(raw_server, tmp_path, ids, "--concurrency", "1", "--backoff", "0")
+    assert code == ExitCode.OK, err
+    assert sorted(latest(tmp_path)) == sorted(ids[:2] + ids[6:]) and latest(tmp_path)["g1"]["body"] == {"id": "g1"}
+    assert sorted(r["id"] for r in state(tmp_path, "unavailable.jsonl")) == ids[2:6]
+    assert raw_server.hits["g1"] == 2
 
 
 def test_class_bytes_that_come_between_answers_put_those_since_the_last_watch_in_doubt(raw_server):
