@@ -5125,7 +5125,7 @@ def test_class_a_stray_later_than_any_watch_puts_no_answer_under_another_id(raw_
     assert sorted(state(tmp_path, "done.txt")) == sorted(ids) and state(tmp_path, "unavailable.jsonl") == []
     report = json.loads((tmp_path / "ids.redrive" / "report.json").read_text())
     assert report["out_of_step"] >= 1 and report["counts"]["done"] == count and report["per_pass"]["1"]["done"] == count
-    assert "asked again: the server sent an answer too many" in err
+    assert "ids asked again: the server sent an answer too many" in err
     out = io.StringIO()
     assert redrive.main([str(tmp_path / "ids.txt"), "--export", "jsonl"], out=out) == ExitCode.OK
     assert [(r["id"], r["body"]["id"]) for r in map(json.loads, out.getvalue().splitlines())] == [(i, i) for i in ids]
