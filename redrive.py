@@ -547,7 +547,7 @@ class Item:
     timed_out: bool = False  #: an attempt of it timed out before: a slow item, no sign of a host gone silent
     prior: Optional[Prior] = None  #: a done id being refreshed: its stored result's validators
     listed: bool = False  #: done.txt lists it already (a refresh, or an id gone upstream that came back)
-    doubted: bool = False  #: its answer may have been another id's (see in_step): asked again, its verdict undone
+    doubted: bool = False  #: its answer may have been another id's (see in_step): asked again
 
 
 @dataclass(frozen=True)
@@ -4094,6 +4094,7 @@ class Tally:
     answers: Counter = field(default_factory=Counter)  #: answers by status class (2xx ... 5xx, or "none")
     refusals: int = 0  #: throttles: 429, 503 and answers that said they were a rate limit
     doubted: int = 0  #: ids asked again: their answers may have been others' (see in_step)
+    in_doubt: set = field(default_factory=set)  #: those whose stored verdict stands until they are answered again
 
     def count(self, pass_no: int, what: str, n: int = 1) -> None:
         self.per_pass.setdefault(pass_no, Counter())[what] += n
@@ -4404,14 +4405,6 @@ class Books:
             record.update({k: v for k, v in zip(("etag", "last_modified"), in_force) if v})
         self.note_refresh(item, record)
 
-    def undone(self, item: Item) -> None:
-        """A doubted id (see in_step) that was done failed when asked again:
-        it was counted done when its doubted answer came, and is done no more."""
-        if item.doubted and item.listed:
-            item.doubted = False
-            self.counts["done"] -= 1
-            self.tally.count(item.pass_no, "done", -1)
-
     def note_refresh(self, item: Item, record: dict) -> None:
         self.ledger.record("refreshed.jsonl", record)
         self.tally.refresh[record["result"]] += 1
@@ -4430,7 +4423,6 @@ class Books:
             record["due"] = iso(at + step.wait)
         self.ledger.record("failed.jsonl", record)
         self.state.failed[item.id] = record
-        self.undone(item)
         if item.prior is not None:
             self.tally.asked_again.add(item.id)
         if step.move is Move.GIVE_UP:
@@ -4452,7 +4444,6 @@ class Books:
                                     self.wallclock(), self.cfg.passes)
         give_up(record, self.ledger, self.state)  # newer than its result: the id is done no more
         self.counts["unavailable"] += 1
-        self.undone(item)
         if not gone:
             self.tally.count(item.pass_no, "unavailable")
         else:
@@ -4600,6 +4591,7 @@ class Settler:
                 self.suspect.add(item_id)
                 continue
             self.tally.doubted += 1
+            self.tally.in_doubt.add(item_id)
             if gone:  # counted unavailable: its next verdict counts instead (the later verdict wins)
                 self.books.state.fresh.discard(item_id)
                 self.counts["unavailable"] -= 1
@@ -4721,6 +4713,10 @@ class Settler:
         """Apply what one attempt means for its id (see next_step); say what, in a word or three."""
         item.tries += 1
         step = next_step(out, item.tries, item.pass_no, self.cfg, bool(self.tally.stop), self.fx.rand)
+        if item.doubted and item.listed and step.move in (Move.FAIL, Move.GIVE_UP, Move.UNAVAILABLE):
+            return "kept: no answer again, its stored result stays in doubt"  # named in report.json's in_doubt
+        if step.move in (Move.DONE, Move.UNAVAILABLE, Move.GIVE_UP):
+            self.tally.in_doubt.discard(item.id)  # answered again (see ask_again): its new verdict stands
         if item.id in self.suspect and step.move in (Move.UNAVAILABLE, Move.GIVE_UP):
             self.suspect.discard(item.id)  # its answer may have been another's (see in_step): no verdict, no try
             self.tally.doubted += 1
@@ -5219,6 +5215,7 @@ def build_report(total: int, rest: Iterable[str], duplicates: int, state: State,
         "pending_listed": min(pending, PENDING_LISTED),
         "quota": tally.quota,
         "out_of_step": tally.doubted,
+        "in_doubt": [redact(i) for i in sorted(tally.in_doubt)[:PENDING_LISTED]],
         "refresh": refresh,
         "shard": list(cfg.shard) if cfg.shard else None,
     }
@@ -5241,6 +5238,9 @@ def summarize(report: dict, news: bool = False, listing: str = "") -> list:
     if report.get("out_of_step") and not news:
         lines.append(f"  {report['out_of_step']} ids asked again: the server sent an answer too many on a "
                      "kept-alive connection, and theirs may have been another id's (the last result line wins)")
+    if report.get("in_doubt"):
+        lines.append(f"  {len(report['in_doubt'])} ids in doubt, not answered again: their stored results may be "
+                     "another id's (report.json in_doubt); --refresh asks every done id again")
     rows = [r for r in report["unresolved"] if not news or r["state"] != "unavailable" or r["new"]]
     older = sum(1 for r in report["unresolved"] if r["state"] == "unavailable") - \
         sum(1 for r in rows if r["state"] == "unavailable")

@@ -5151,6 +5151,26 @@ def test_class_an_answer_in_doubt_before_its_verdict_is_asked_again_when_the_ver
     assert raw_server.hits["g1"] == 2
 
 
+def test_class_ids_in_doubt_not_answered_again_are_named(raw_server, tmp_path):
+    """The ids a stray put in doubt whose answer again never comes (it times
+    out, and the run has no try left): report.json names them and the
+    summary says what to do."""
+    ids = [f"s{i}" for i in range(40)]
+    stray = answer(200, b'{"id":"stray"}', [("Content-Type", "application/json")])
+    hang = [("sleep", 10.0)]
+    raw_server.replies.update({i: [ok_answer, hang] for i in ids})
+    raw_server.replies["s20"] = [lambda item, hit: ok_answer(item, hit) + [("sleep", 0.03), stray], hang]
+    code, err, _ = crawl(raw_server, tmp_path, ids, "--concurrency", "1", "--backoff", "0", "--timeout", "1",
+                         "--passes", "1", "--tries", "1")
+    report = json.loads((tmp_path / "ids.redrive" / "report.json").read_text())
+    gone = [r["id"] for r in state(tmp_path, "unavailable.jsonl")]  # s21 if it read the stray (then asked at once)
+    asked = sorted(i for i in ids if raw_server.hits[i] > 1 and i not in gone)
+    assert gone in ([], ["s21"]) and sorted(state(tmp_path, "done.txt")) == sorted(set(ids) - set(gone)), err
+    assert report["counts"]["done"] == 40 - len(gone) and report["per_pass"]["1"]["done"] == 40 - len(gone)
+    assert asked and report["in_doubt"] == asked and report["out_of_step"] >= len(asked)  # stored results kept
+    assert f"{len(asked)} ids in doubt, not answered again" in err and "--refresh" in err
+
+
 def test_class_bytes_that_come_between_answers_put_those_since_the_last_watch_in_doubt(raw_server):
     """A stray that comes while the connection is idle is seen when it is
     reused: the answers read on it since it was last watched are in doubt."""
