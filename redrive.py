@@ -6436,7 +6436,7 @@ def finish(report: dict, tally: Tally, cfg: Config, redact: Redactor, err) -> Ex
     if cfg.metrics_file:
         write_metrics(cfg.metrics_file, cfg.state_dir, int(code), report, tally)
     kept = (report["refresh"] or {}).get("kept")
-    if code != ExitCode.OK or not cfg.quiet or report["new_unavailable"] or kept:  # -q: silent when nothing is news
+    if code != ExitCode.OK or not cfg.quiet or report["new_unavailable"] or kept or report["in_doubt"]:  # -q: news only
         lines = stop_lines(tally, cfg, redact) + summarize(report, news=cfg.quiet, listing=redact(gone_listing(cfg)))
         print("\n".join(map(shown_text, lines)), file=err, flush=True)
     return code
