@@ -213,11 +213,9 @@ ERROR_BODY_BYTES = 65536
 
 READ_CHUNK = 65536
 
-#: A connection is watched for a stray answer after each host's first
-#: IN_STEP_CHECKS answers on a reused connection, after every IN_STEP_EVERY-th
-#: answer on each, and as a worker goes idle: set aside, looked at after 4 x
-#: the host's typical answer time, at most IN_STEP_WAIT s. A stray puts the
-#: last 2 x IN_STEP_EVERY answers on its connection in doubt (see in_step).
+#: Watches for a stray answer (see in_step): a host's first IN_STEP_CHECKS
+#: reused answers, every IN_STEP_EVERY-th on a connection, its last
+#: 2 x IN_STEP_EVERY in doubt; a look waits IN_STEP_WAIT s at most.
 IN_STEP_CHECKS = 8
 IN_STEP_EVERY = 128
 IN_STEP_WAIT = 1.0
@@ -3296,8 +3294,8 @@ class Watchdog:
 class HeldIO(socket.SocketIO):
     """A response's raw socket reader that can be told to read nothing, so
     that what its buffered reader holds is seen with no system call: each
-    one lets another thread take the GIL, which cost a clean run of 32
-    threads 16% of its CPU when made for every answer (see buffered)."""
+    one lets another thread take the GIL, a cost in CPU that shows when it
+    is made for every answer (docs/benchmarks.md; see buffered)."""
 
     holding = False
 
