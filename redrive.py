@@ -6448,6 +6448,7 @@ METRICS = (
     ("redrive_ids", "gauge", "Ids of the list by state at the end of the last run."),
     ("redrive_requests", "gauge", "Answers the last run got, by status class (none: no answer)."),
     ("redrive_refusals", "gauge", "Refusals the last run got: 429, 503 and answers that said they were a rate limit."),
+    ("redrive_in_doubt", "gauge", "Done ids whose stored result may be another id's, not answered again (in_doubt)."),
     ("redrive_quota_remaining", "gauge", "Requests the API declared left, at the end of the last run."),
     ("redrive_quota_reset_timestamp_seconds", "gauge", "Unix time the API declared its quota resets."),
 )
@@ -6473,7 +6474,8 @@ def write_metrics(path: Path, state_dir: Path, code: int, report: Optional[dict]
             "redrive_ids": [(f',state="{k}"', report["counts"][k]) for k in ("done", "unavailable", "failed",
                                                                              "pending")],
             "redrive_requests": [(f',class="{k}"', n) for k, n in sorted(tally.answers.items())],
-            "redrive_refusals": [("", tally.refusals)]})
+            "redrive_refusals": [("", tally.refusals)],
+            "redrive_in_doubt": [("", len(tally.in_doubt))]})
     if last is not None:
         samples["redrive_last_success_timestamp_seconds"] = [("", last)]
     quota = (report or {}).get("quota")

@@ -5161,14 +5161,15 @@ def test_class_ids_in_doubt_not_answered_again_are_named(raw_server, tmp_path):
     raw_server.replies.update({i: [ok_answer, hang] for i in ids})
     raw_server.replies["s20"] = [lambda item, hit: ok_answer(item, hit) + [("sleep", 0.03), stray], hang]
     code, err, _ = crawl(raw_server, tmp_path, ids, "--concurrency", "1", "--backoff", "0", "--timeout", "1",
-                         "--passes", "1", "--tries", "1", "-q")  # news for cron: a person must look
+                         "--passes", "1", "--tries", "1", "-q", "--metrics-file", str(tmp_path / "redrive.prom"))
     report = json.loads((tmp_path / "ids.redrive" / "report.json").read_text())
     gone = [r["id"] for r in state(tmp_path, "unavailable.jsonl")]  # s21 if it read the stray (then asked at once)
     asked = sorted(i for i in ids if raw_server.hits[i] > 1 and i not in gone)
     assert gone in ([], ["s21"]) and sorted(state(tmp_path, "done.txt")) == sorted(set(ids) - set(gone)), err
     assert report["counts"]["done"] == 40 - len(gone) and report["per_pass"]["1"]["done"] == 40 - len(gone)
     assert asked and report["in_doubt"] == asked and report["out_of_step"] >= len(asked)  # stored results kept
-    assert f"{len(asked)} ids in doubt, not answered again" in err and "--refresh" in err
+    assert f"{len(asked)} ids in doubt, not answered again" in err and "--refresh" in err  # -q: a person must look
+    assert read_metrics(tmp_path / "redrive.prom")[("redrive_in_doubt",)] == len(asked)
 
 
 def test_class_bytes_that_come_between_answers_put_those_since_the_last_watch_in_doubt(raw_server):
@@ -5574,7 +5575,7 @@ def test_metrics_file_says_what_the_run_did_in_the_prometheus_text_format_at_eve
     assert m[("redrive_ids", "done")] == 3 and m[("redrive_ids", "unavailable")] == 1
     assert m[("redrive_ids", "failed")] == m[("redrive_ids", "pending")] == 0
     assert m[("redrive_requests", "2xx")] == 3 and m[("redrive_requests", "4xx")] == 2
-    assert m[("redrive_refusals",)] == 1 and m[("redrive_quota_remaining",)] == 97
+    assert m[("redrive_refusals",)] == 1 and m[("redrive_quota_remaining",)] == 97 and m[("redrive_in_doubt",)] == 0
     assert m[("redrive_quota_reset_timestamp_seconds",)] == reset
     success = m[("redrive_last_success_timestamp_seconds",)]
     fake.now += 3600
