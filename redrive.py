@@ -3365,8 +3365,8 @@ class FinalResponse(http.client.HTTPResponse):
 
 class WatchedConnection:
     """urllib3's connection, seen by the attempt's watchdog and reading past
-    1xx; it counts the requests sent since it connected, and keeps the ids
-    answered on it since it was last watched (see in_step)."""
+    1xx; it counts the requests sent since it connected, the answers since
+    it was last watched, and the ids of its last answers (see in_step)."""
 
     response_class = FinalResponse
     sent = 0
@@ -3382,7 +3382,7 @@ class WatchedConnection:
     def is_connected(self) -> bool:
         """urllib3 asks before it reuses the connection (urllib3 2): bytes
         that came unasked since its last answer, not a close, put it out of
-        step, and the answers read on it since it was last watched in doubt."""
+        step, and its last answers in doubt."""
         connected = super().is_connected
         attempt = getattr(CURRENT, "attempt", None)
         if not connected and self.sent and attempt is not None and stray_bytes(self.sock):
