@@ -58,8 +58,11 @@ Scenarios (all by default):
   nginx-twins    every row of the tests' limiter table that limit_req can make
                  (0.5 to 100 r/s, burst or none, queued or nodelay, 429 or 503),
                  against real nginx with the row's ids, beside the row's bounds
+  server-twins   every token-bucket and fixed-window row of that table, against this
+                 bench's server, beside the same row on the fake clock and its bounds
   model          the tests' limiter shapes at 2 to 500 r/s, two minutes of ideal each
-                 (--minutes), and the penalty box, on the fake clock through redrive's own run loop
+                 (--minutes), and the penalty box, on the fake clock through redrive's own run loop;
+                 --concurrency and --latency apply
   next-run       the run after one that found the limit, in the same state dir (paces.json):
                  the model's shapes at 2 to 50 r/s on the fake clock, and nginx-slow's limits
   refresh        a nightly sync of 10,000 ids with ETags: night 1 fetches all;
@@ -1643,6 +1646,38 @@ def nginx_twins(folder, count, opt):
           f"concurrency {opt.concurrency}, no --rate", rows)
 
 
+def server_twins(folder, count, opt):
+    """Each token-bucket and fixed-window row of the tests' limiter table (429 as the refusal, nothing declared)
+    against the bench's own server, beside the same row on the fake clock (test_redrive.drive) and its bounds:
+    where the two clocks part, a test's bound measures the fake clock, not the product."""
+    sys.path.insert(0, str(HERE))
+    import copy
+    import test_redrive as t
+    same = Path(REDRIVE[0]).resolve() == (HERE / "redrive.py").resolve()
+    rows = []
+    for name, (limiter, ids, cap, most_time, most_refused) in t.LIMITERS.items():
+        if type(limiter) is t.TokenBucket:
+            served = TokenBucket(limiter.rate, limiter.burst)
+        elif type(limiter) is t.Window and limiter.dialect is None and limiter.status == 429:
+            served = FixedWindow(limiter.size, limiter.seconds, limiter.retry_after)
+        else:
+            continue
+        n, run_dir = count or ids, folder / f"twin-{len(rows)}"
+        run_dir.mkdir()
+        run, stats = limited_run(run_dir, n, opt._replace(concurrency=cap), served)
+        show_error(run)
+        sent, throttled = sent_and_throttled(stats)
+        ideal = limiter.ideal(n)
+        over = (lambda took: f"{took / ideal:.2f} x") if ideal > 0 else (lambda took: f"{took:.1f} s (nothing to wait)")
+        fake = t.drive(copy.deepcopy(limiter), n, cap=cap, latency=opt.latency) if same else None
+        shown = f"{over(fake['end'])}, {fake['refused'] / fake['requests']:.1%}" if fake else f"n/a for {REDRIVE[0]}"
+        rows.append((f"{name}, {n} ids (exit {run.code})",
+                     f"real {over(run.wall)}, {throttled / max(sent, 1):.1%} refused; fake clock {shown}; "
+                     f"bounds {most_time} x, {most_refused:.0%}"))
+    table(f"the limiter table's token buckets and windows, the bench's server against the fake clock, "
+          f"{opt.latency * 1000:g} ms answers, each row's concurrency, no --rate", rows)
+
+
 def model_shapes(t) -> dict:
     """The silent limiter shapes of the model, by name: rate -> a limiter of test_redrive (t)."""
     return {"leaky, no burst": lambda r: t.Leaky(r, 0), "leaky, no burst, 503": lambda r: t.Leaky(r, 0, status=503),
@@ -1704,13 +1739,13 @@ SCENARIOS = {"clean": clean, "flaky": flaky, "rate-limited": rate_limited, "lone
              "limit-change": limit_change, "chaos": chaos, "declared": declared,
              "shards-on-one-key": shards_on_one_key, "no-limit-throttles": no_limit_throttles,
              "shards-parallel": shards_parallel, "refresh": refresh, "nginx-slow": nginx_slow,
-             "nginx-twins": nginx_twins, "model": model, "first-run": first_run, "resume-first-nights": resume_first_nights,
+             "nginx-twins": nginx_twins, "server-twins": server_twins, "model": model, "first-run": first_run, "resume-first-nights": resume_first_nights,
              "next-run": next_run}
 COUNTS = {"clean": 10_000, "flaky": 10_000, "rate-limited": 3_000, "lone-429": 10_000, "resume": 1_000_000, "fsync": 5_000,
           "stop": 1_000_000, "nginx": 0,
           "fixed-window": 0, "token-bucket": 0, "limit-and-lone": 0, "limit-change": 4_500, "chaos": 10_000,
           "declared": 0, "shards-on-one-key": 0, "no-limit-throttles": 10_000, "shards-parallel": 3_000,
-          "refresh": 10_000, "nginx-slow": 0, "nginx-twins": 0, "model": 0, "first-run": 2_000_000, "resume-first-nights": 1_000_000,
+          "refresh": 10_000, "nginx-slow": 0, "nginx-twins": 0, "server-twins": 0, "model": 0, "first-run": 2_000_000, "resume-first-nights": 1_000_000,
           "next-run": 0}
 
 
