@@ -89,6 +89,7 @@ a test: it prints figures and checks nothing that a slow machine could fail.
 
 import argparse
 import base64
+import copy
 import email.utils
 import functools
 import json
@@ -1651,7 +1652,6 @@ def server_twins(folder, count, opt):
     against the bench's own server, beside the same row on the fake clock (test_redrive.drive) and its bounds:
     where the two clocks part, a test's bound measures the fake clock, not the product."""
     sys.path.insert(0, str(HERE))
-    import copy
     import test_redrive as t
     same = Path(REDRIVE[0]).resolve() == (HERE / "redrive.py").resolve()
     rows = []

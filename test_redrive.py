@@ -5167,7 +5167,8 @@ def test_class_ids_in_doubt_not_answered_again_are_named(raw_server, tmp_path):
     # bytes behind it were seen at once, s22 too if they came only after s22 was sent and read s21's answer
     out = state(tmp_path, "unavailable.jsonl")
     gone = [r["id"] for r in out]
-    assert all(r["cause"] == "out of step" and ids.index(r["id"]) > 20 for r in out), out
+    assert len(out) <= 1 and all(r["cause"] == "out of step" and ids.index(r["id"]) > 20 for r in out), out  # one
+    # sign closes the connection, and its host gets a new one for every request after
     asked = sorted(i for i in ids if raw_server.hits[i] > 1 and i not in gone)
     assert sorted(state(tmp_path, "done.txt")) == sorted(set(ids) - set(gone)), err
     bodies = {r["id"]: r["body"] for r in state(tmp_path, "results.jsonl")}  # an id's last line wins
