@@ -1436,8 +1436,8 @@ class Host:
     """One origin's gate: how many requests may be in flight, and when the next may go.
 
     1. A declared quota is believed: what is left (less what is in flight, a unit worth 1 / its fall per answer, the
-       largest fall left out) spread up to its reset; none left, one request after it. The tightest bucket governs; a
-       renewed window whose first success says none of 2+ is left is a lie: no declaration is believed since.
+       largest fall left out) spread up to its reset, as the latest answer tells it; none left, one request after it.
+       The tightest bucket governs; a renewed window whose first success says none of 2+ is left lies: none is believed.
     2. In flight: --per-host at most; in slow start START_LIMIT, SLOW_START_STEP more per answer, one less per refusal.
     3. A fresh refusal (429 or 503 of an id not refused for itself just before) is the host's if it says it is a rate
        limit, or if those in its last SHARE_ANSWERS answers sent since the cut exceed bN + SHARE_SIGMAS sqrt(bN) + 1
@@ -1498,20 +1498,22 @@ class Host:
         renewed = any(q.reset_at + QUOTA_MARGIN <= now for q in self.quotas.values())
         one = self.down_since is not None or self.bounds is not None or renewed  # a search, or down (see 5)
         ceiling = 1 if one else min(self.cap, int(self.limit)) if self.w_max is None else self.cap
-        if self.inflight >= ceiling:
-            return None
         spent = [q.reset_at + QUOTA_MARGIN for q in self.quotas.values() if q.left < 1]
-        return max(now, self.paused_until, self.next_slot, *spent)
+        return None if self.inflight >= ceiling else max(now, self.paused_until, self.next_slot, *spent)
 
     def start(self, now: float) -> None:
         self.inflight += 1
         self.first_sent = now if self.first_sent is None else self.first_sent
         self.probing = self.down_since is not None
-        paces = [p for p in (self.rate(now), *(q.pace(now, len(self.ready)) for q in self.quotas.values())) if p]
+        gap = self.gap(now)
         for quota in self.quotas.values():
             quota.left -= 1
-        if paces:
-            self.next_slot = max(self.next_slot, now) + 1.0 / min(paces)
+        self.next_slot = max(self.next_slot, now) + gap
+
+    def gap(self, now: float) -> float:
+        """The gap before the next request, at the slowest pace the curve or a declared quota sets (0: none)."""
+        paces = [p for p in (self.rate(now), *(q.pace(now, len(self.ready)) for q in self.quotas.values())) if p]
+        return 1.0 / min(paces) if paces else 0.0
 
     def succeeded(self, now: float, sent: float, declared: Optional[Declared] = None) -> None:
         """Any answer but a refusal (a 404 or a 500 says nothing of pace)."""
@@ -1520,10 +1522,6 @@ class Host:
             self.searched(now, sent, None, taken=True)
         self.last_ok, self.ok_sent, self.refusing_since, self.takes = now, sent, None, self.takes + 1
         self.limit = min(self.cap, self.limit + SLOW_START_STEP) if self.w_max is None else self.limit  # slow start
-
-    def unanswered(self, now: float, sent: float) -> None:
-        """A request that reached the host and got no answer (a timeout, a drop): no sign either way."""
-        self.answered(now, sent, None, fresh=False, taken=False)
 
     def throttled(self, now: float, sent: float, wait: Optional[float], fresh: bool = True,
                   said: bool = False, declared: Optional[Declared] = None) -> bool:
@@ -1604,8 +1602,9 @@ class Host:
         since = since if self.first_sent is None else max(since, self.first_sent)
         return max(sum(1 for at, _, ok, _ in self.recent if ok and at >= since), 1) / max(now - since, MIN_WAIT)
 
-    def answered(self, now: float, sent: float, declared: Optional[Declared], fresh: bool, taken: bool) -> None:
-        """One answer: counted in the last ones, and its declared quota kept (see 1)."""
+    def answered(self, now: float, sent: float, declared: Optional[Declared] = None, fresh: bool = False,
+                 taken: bool = False) -> None:
+        """One answer (or none to a request that reached it: no sign either way), counted; its declared quota kept."""
         self.inflight -= 1
         self.recent.append((now, fresh, taken, sent))
         while len(self.recent) > SHARE_ANSWERS and self.recent[0][0] < now - max(RATE_SPAN, self.window):
@@ -1640,6 +1639,8 @@ class Host:
             quota.share = quota.answered / (quota.spent - quota.largest + 1)
             quota.left = quota.remaining * quota.share - self.inflight
         self.quotas[declared.bucket] = quota
+        if self.bounds is None:  # no later than a gap from now at the pace it tells: the slot follows the latest answer
+            self.next_slot = min(self.next_slot, now + self.gap(now))
 
     def sampled(self) -> None:
         """N answers paced below W_max: their fresh refusals, less those at a pace a later cut found over the limit, are
@@ -1682,8 +1683,7 @@ class Host:
         it fails, the pause before the next is wait(failed probes + 1) (those in flight before fail too)."""
         self.inflight, self.unreached = self.inflight - 1, self.unreached + 1
         if self.down_since is None and self.unreached >= DOWN_AFTER:
-            self.down_since = now
-            self.paused_until = max(self.paused_until, now + wait(1))
+            self.down_since, self.paused_until = now, max(self.paused_until, now + wait(1))
         elif self.probing:
             self.probing, self.probes = False, self.probes + 1
             self.paused_until = max(self.paused_until, now + wait(self.probes + 1))
@@ -4635,7 +4635,7 @@ class Settler:
             was_down = host.down_since is not None
             return self._unreachable(host, out, now) and was_down
         if out.cause is Cause.TIMEOUT:  # connected, but no answer: nothing heard from the host
-            host.unanswered(now, item.sent)
+            host.answered(now, item.sent)  # reached, but no answer: no sign either way
             return False
         if host.down_since is not None:
             self.say(f"redrive: {self.api} answers again; resuming")
@@ -4649,7 +4649,7 @@ class Settler:
         if out.status is not None:
             host.succeeded(now, item.sent, out.quota)  # a 404 or a 500 is no "slow down" either
         else:
-            host.unanswered(now, item.sent)
+            host.answered(now, item.sent)  # reached, but no answer: no sign either way
         return False
 
     def _throttled(self, host: Host, item: Item, out: Outcome, now: float) -> bool:
