@@ -1691,7 +1691,8 @@ def model_shapes(t) -> dict:
 def model(folder, count, opt):
     """The limiter shapes of the tests' table, each for --minutes of its ideal or more, played on the fake clock
     through redrive's own run loop (test_redrive.drive) at --concurrency and --latency: time over ideal and
-    refusals. A rate over what so many in flight can carry (concurrency / latency) is out of reach, not run."""
+    refusals (--order: the answers of one round trip in a seeded order). A rate over what so many in flight can carry
+    (concurrency / latency) is out of reach, not run."""
     if Path(REDRIVE[0]).resolve() != (HERE / "redrive.py").resolve():
         print(f"\nmodel: skipped for {REDRIVE[0]}: the fake-clock harness drives this redrive.py's run loop")
         return
@@ -1706,7 +1707,8 @@ def model(folder, count, opt):
                 rows.append((f"{name}, {rate} r/s, {ids} ids", f"out of reach: {opt.concurrency} in flight at "
                              f"{opt.latency * 1000:g} ms answers carry {reach:g} r/s at most"))
                 continue
-            run = t.drive(limiter, ids, until=max(7200, 10 * ids / rate), latency=opt.latency, cap=opt.concurrency)
+            run = t.drive(limiter, ids, until=max(7200, 10 * ids / rate), latency=opt.latency, cap=opt.concurrency,
+                          order=opt.order)
             ideal = limiter.ideal(ids)
             wrong = sum(1 for _, _, status in run["ended"].values() if status not in (200, 404))
             early = sum(1 for sent in run["refusals"] if sent < 10)
@@ -1718,19 +1720,20 @@ def model(folder, count, opt):
                          f"in the first 10 s), {len(run['ended'])} ended, {wrong} not where the server put them"))
     rows.append(("rows within both targets", f"{met} of the {reached} in reach"))
     box = t.PenaltyBox(5, 20)
-    run = t.drive(box, 300, until=7200, latency=opt.latency, cap=opt.concurrency, max_backoff=300.0)
+    run = t.drive(box, 300, until=7200, latency=opt.latency, cap=opt.concurrency, max_backoff=300.0, order=opt.order)
     rows.append(("penalty box 5 r/s, a 20 s block per excess, 300 ids, --max-backoff 300",
                  f"{box.blocks} blocks (target <= 2), {run['end'] / box.ideal(300):.2f} x ideal, "
                  f"{len(run['ended'])} ended"))
     burst = t.Burst(5000, 3600, 2000, at=0.1)
-    run = t.drive(burst, 400, until=7200, latency=opt.latency, cap=opt.concurrency)
+    run = t.drive(burst, 400, until=7200, latency=opt.latency, cap=opt.concurrency, order=opt.order)
     rows.append(("declared 5,000 an hour, another client spends 2,000 at once, 400 ids",
                  f"{run['end']:.1f} s, refused {run['refused']}, {len(run['ended'])} ended (before: stopped until the reset)"))
-    run = t.drive(t.Liar(), 500, until=7200, latency=opt.latency, cap=opt.concurrency)
+    run = t.drive(t.Liar(), 500, until=7200, latency=opt.latency, cap=opt.concurrency, order=opt.order)
     rows.append(("a declared 5 a minute that never renews, on a server that takes all, 500 ids",
                  f"{run['end']:.1f} s, refused {run['refused']}, {len(run['ended'])} ended"))
+    order = "answers sharing an instant" if opt.order is None else f"answers of a round trip in order {opt.order}"
     table(f"the fake-clock model: limiter shapes through redrive's own run loop, concurrency {opt.concurrency}, "
-          f"{opt.latency * 1000:g} ms answers", rows)
+          f"{opt.latency * 1000:g} ms answers, {order}", rows)
 
 
 SCENARIOS = {"clean": clean, "flaky": flaky, "rate-limited": rate_limited, "lone-429": lone_429,
@@ -1782,6 +1785,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--minutes", type=at_least_two, default=2, metavar="M",
                         help="model: each limiter row's ids take M >= 2 minutes at its limit (default 2)")
     parser.add_argument("--concurrency", type=int, default=32, metavar="N", help="redrive's and the bare loop's (default 32)")
+    parser.add_argument("--order", type=int, metavar="SEED",
+                        help="model: the answers of one round trip come in an order seeded SEED, as on Linux "
+                             "(default: they share an instant, as on a clock that ticks every 15.6 ms)")
     parser.add_argument("--limit", type=int, default=100, metavar="R",
                         help="requests a second the rate-limited server allows (default 100)")
     parser.add_argument("--faults", type=fault_mix, default=FAULTS, metavar="MIX",

@@ -3,6 +3,7 @@ subprocesses and signals; the clock, the sleep and the randomness injected."""
 
 import base64
 import bisect
+import copy
 import html
 import importlib
 import csv
@@ -3401,6 +3402,7 @@ LIMITERS = {
 @pytest.mark.parametrize("row", LIMITERS)
 def test_each_limiter_shape_is_paced_within_its_bounds_and_every_id_ends_where_the_server_put_it(row):
     limiter, count, cap, most_time, most_refused = LIMITERS[row]
+    limiter = copy.deepcopy(limiter)  # the table's limiter keeps its state, and the row's other clock may run first
     run = drive(limiter, count, cap=cap)
     assert len(run["ended"]) == count
     for item, (_, bucket, status) in run["ended"].items():
@@ -3409,6 +3411,37 @@ def test_each_limiter_shape_is_paced_within_its_bounds_and_every_id_ends_where_t
     assert run["refused"] <= most_refused * run["requests"], row
     if row.startswith("declared"):
         assert run["late"] == 0  # no refusal of a request sent after the quota was first declared
+
+
+#: Rows whose figures differ when the answers of one round trip come in a random order, as on Linux, from when they
+#: share an instant, as on a clock that ticks every 15.6 ms (Windows): the worst of eight orders, and why.
+FINE_CLOCK = {
+    # the take of the first cut's round comes before the cut: the host is seen refusing everything, its whole-second
+    # Retry-After is followed, and the bucket reads as a quota of its burst a second, probed up from there (see 5)
+    'token bucket 1/s, burst 5, Retry-After': (1.16, 0.4),
+    'token bucket 2/s, burst 5, Retry-After': (1.1, 0.24),
+    'token bucket 10/s, burst 5, Retry-After': (1.22, 0.12),
+    # a probe past the window that ends in a search: the rest of the window is lost to a whole-second Retry-After
+    'window 100 a second, Retry-After': (1.26, 0.05),
+    'GraphQL 200 RATE_LIMITED, nothing declared': (1.17, 0.29),
+    # the limit found again at 50/s a fourth time just before it comes back: K is then 9 s (see 4)
+    'leaky 100/s halved from 10 s to 25 s': (1.22, 0.03),
+}
+
+
+@pytest.mark.parametrize("row", LIMITERS)
+def test_each_limiter_shape_is_paced_within_its_bounds_when_answers_of_a_round_trip_come_in_any_order(row):
+    limiter, count, cap, most_time, most_refused = LIMITERS[row]
+    most_time, most_refused = FINE_CLOCK.get(row, (most_time, most_refused))
+    limiter = copy.deepcopy(limiter)
+    run = drive(limiter, count, cap=cap, order=1)
+    assert len(run["ended"]) == count
+    for item, (_, bucket, status) in run["ended"].items():
+        assert (status, bucket) == ((404, Bucket.SKIP) if status == 404 else (200, Bucket.OK)), item
+    assert run["end"] <= most_time * limiter.ideal(count) + 0.1, row
+    assert run["refused"] <= most_refused * run["requests"], row
+    if row.startswith("declared"):
+        assert run["late"] == 0
 
 
 @pytest.mark.parametrize("dialect", ["github", "x", "ietf"])
