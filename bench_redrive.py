@@ -109,7 +109,7 @@ import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 HERE = Path(__file__).resolve().parent
 FLAKY_OPTIONS = ["--backoff", "0.1", "--max-backoff", "1", "--cooldown", "2"]
@@ -131,6 +131,7 @@ class Settings(NamedTuple):
     limit: int = 100  #: requests a second the rate-limited server allows
     faults: tuple = ()  #: the flaky scenario's id -> kind table, 100 slots
     minutes: float = 2.0  #: model: each limiter row's ids take this long at its limit
+    order: Optional[int] = None  #: model: the seed of the order the answers of a round trip come in (None: at once)
 
 
 def at_least_two(text: str) -> float:
@@ -1762,7 +1763,7 @@ def main(argv=None):
     if argv is None and sys.argv[1:2] == ["--launcher"]:
         return launcher_loop()
     args = build_parser().parse_args(argv)
-    opt = Settings(args.latency / 1000, args.concurrency, args.limit, fault_table(args.faults), args.minutes)
+    opt = Settings(args.latency / 1000, args.concurrency, args.limit, fault_table(args.faults), args.minutes, args.order)
     print(f"redrive benchmark: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
     launcher()  # now, while this process is small (see Launcher)
     for name in args.scenarios or SCENARIOS:
