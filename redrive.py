@@ -1437,7 +1437,7 @@ class Host:
 
     1. A declared quota is believed: what is left (less what is in flight, a unit worth 1 / its fall per answer, the
        largest fall left out) spread up to its reset, as the latest answer tells it; none left, one request after it.
-       The tightest bucket governs; a renewed window whose first success says none of 2+ is left lies: none is believed.
+       The tightest bucket governs; a renewed window whose first success says none of 2+ is left: none believed since.
     2. In flight: --per-host at most; in slow start START_LIMIT, SLOW_START_STEP more per answer, one less per refusal.
     3. A fresh refusal (429 or 503 of an id not refused for itself just before) is the host's if it says it is a rate
        limit, or if those in its last SHARE_ANSWERS answers sent since the cut exceed bN + SHARE_SIGMAS sqrt(bN) + 1
