@@ -59,10 +59,10 @@ Scenarios (all by default):
                  (0.5 to 100 r/s, burst or none, queued or nodelay, 429 or 503),
                  against real nginx with the row's ids, beside the row's bounds
   server-twins   every token-bucket and fixed-window row of that table, against this
-                 bench's server, beside the same row on the fake clock and its bounds
+                 bench's server, beside the same row on the fake clock (--order) and its bounds
   model          the tests' limiter shapes at 2 to 500 r/s, two minutes of ideal each
                  (--minutes), and the penalty box, on the fake clock through redrive's own run loop;
-                 --concurrency and --latency apply
+                 --concurrency, --latency and --order apply
   next-run       the run after one that found the limit, in the same state dir (paces.json):
                  the model's shapes at 2 to 50 r/s on the fake clock, and nginx-slow's limits
   refresh        a nightly sync of 10,000 ids with ETags: night 1 fetches all;
@@ -1650,8 +1650,9 @@ def nginx_twins(folder, count, opt):
 
 def server_twins(folder, count, opt):
     """Each token-bucket and fixed-window row of the tests' limiter table (429 as the refusal, nothing declared)
-    against the bench's own server, beside the same row on the fake clock (test_redrive.drive) and its bounds:
-    where the two clocks part, a test's bound measures the fake clock, not the product."""
+    against the bench's own server, beside the same row on the fake clock (test_redrive.drive; --order: the
+    answers of one round trip in a seeded order) and its bounds: where the two part, a bound measures the clock,
+    not the product."""
     sys.path.insert(0, str(HERE))
     import test_redrive as t
     same = Path(REDRIVE[0]).resolve() == (HERE / "redrive.py").resolve()
@@ -1670,7 +1671,7 @@ def server_twins(folder, count, opt):
         sent, throttled = sent_and_throttled(stats)
         ideal = limiter.ideal(n)
         over = (lambda took: f"{took / ideal:.2f} x") if ideal > 0 else (lambda took: f"{took:.1f} s (nothing to wait)")
-        fake = t.drive(copy.deepcopy(limiter), n, cap=cap, latency=opt.latency) if same else None
+        fake = t.drive(copy.deepcopy(limiter), n, cap=cap, latency=opt.latency, order=opt.order) if same else None
         shown = f"{over(fake['end'])}, {fake['refused'] / fake['requests']:.1%}" if fake else f"n/a for {REDRIVE[0]}"
         rows.append((f"{name}, {n} ids (exit {run.code})",
                      f"real {over(run.wall)}, {throttled / max(sent, 1):.1%} refused; fake clock {shown}; "
@@ -1787,7 +1788,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="model: each limiter row's ids take M >= 2 minutes at its limit (default 2)")
     parser.add_argument("--concurrency", type=int, default=32, metavar="N", help="redrive's and the bare loop's (default 32)")
     parser.add_argument("--order", type=int, metavar="SEED",
-                        help="model: the answers of one round trip come in an order seeded SEED, as on Linux "
+                        help="model, server-twins: the answers of one round trip come in an order seeded SEED, as on Linux "
                              "(default: they share an instant, as on a clock that ticks every 15.6 ms)")
     parser.add_argument("--limit", type=int, default=100, metavar="R",
                         help="requests a second the rate-limited server allows (default 100)")
