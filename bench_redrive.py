@@ -1700,7 +1700,7 @@ def model(folder, count, opt):
         return
     sys.path.insert(0, str(HERE))
     import test_redrive as t
-    rows, met, reached, reach = [], 0, 0, opt.concurrency / opt.latency
+    rows, met, reached, reach, unwarned, warned = [], 0, 0, opt.concurrency / opt.latency, 0, 0
     for name, make in model_shapes(t).items():
         for rate in (2, 5, 10, 50, 100, 500):
             limiter = make(rate)
@@ -1715,12 +1715,17 @@ def model(folder, count, opt):
             wrong = sum(1 for _, _, status in run["ended"].values() if status not in (200, 404))
             early = sum(1 for sent in run["refusals"] if sent < 10)
             over, refused = run["end"] / ideal, run["refused"] / run["requests"]
+            seen = (run["refused"] - run["blind"]) / run["requests"]  # refused once a refusal had told of the limit
             reached, met = reached + 1, met + (round(over, 2) <= 1.10 and round(refused, 3) <= 0.03)
+            unwarned, warned = unwarned + (run["blind"] > 0.03 * run["requests"]), warned + (round(seen, 3) <= 0.03)
             rows.append((f"{name}, {rate} r/s, {ids} ids",
                          f"{over:.2f} x ideal (target <= 1.10), refused {run['refused']} = "
                          f"{refused:.1%} of {run['requests']} (target <= 3%; {early} "
-                         f"in the first 10 s), {len(run['ended'])} ended, {wrong} not where the server put them"))
+                         f"in the first 10 s, {run['blind']} before the first came back), "
+                         f"{len(run['ended'])} ended, {wrong} not where the server put them"))
     rows.append(("rows within both targets", f"{met} of the {reached} in reach"))
+    rows.append(("rows whose refusals before the first came back are over 3% alone", f"{unwarned}"))
+    rows.append(("rows within 3% refused after the first came back", f"{warned} of the {reached} in reach"))
     box = t.PenaltyBox(5, 20)
     run = t.drive(box, 300, until=7200, latency=opt.latency, cap=opt.concurrency, max_backoff=300.0, order=opt.order)
     rows.append(("penalty box 5 r/s, a 20 s block per excess, 300 ids, --max-backoff 300",

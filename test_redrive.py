@@ -3050,7 +3050,9 @@ def drive(serve, count, until=900.0, latency=0.02, cap=32, tmp=None, order=None,
     (status, headers, body[, delay]) for its n-th request, read by redrive's
     own interpret. Returns when each id ended and how (from the state
     files), the requests, the refusals, the refusals sent after the first
-    answer that declared a quota, and the times requests were sent."""
+    answer that declared a quota, those sent before the first refusal came
+    back (blind: sent before any answer told of a limit), and the times
+    requests were sent."""
     with tempfile.TemporaryDirectory(prefix="drive-") as folder:
         return _drive(serve, count, until, latency, cap, Path(tmp or folder), order, options)
 
@@ -3074,6 +3076,7 @@ def _drive(serve, count, until, latency, cap, folder, order, options):
     inflight, asked, refused, sends, seq = [], Counter(), [], [], itertools.count()
     spread = (lambda: 0.0) if order is None else random.Random(order).random
     declared_at, switch = math.inf, sys.getswitchinterval()  # a paced Batch sets it; Batch.run sets it back
+    first_refusal = math.inf  # when the first refusal came back: what was sent before it met the limit unwarned
 
     def send(item):
         asked[item.id] += 1
@@ -3103,6 +3106,7 @@ def _drive(serve, count, until, latency, cap, folder, order, options):
                 declared_at = min(declared_at, clock[0]) if out.quota else declared_at
                 if out.throttle:
                     refused.append(sent)
+                    first_refusal = min(first_refusal, clock[0])
                 with batch.lock:
                     mine = batch._finish(item, out)
                 if mine is not None:
@@ -3126,6 +3130,7 @@ def _drive(serve, count, until, latency, cap, folder, order, options):
     end = max((t for t, _, _ in ended.values()), default=0.0)
     return {"ended": ended, "end": end, "requests": sum(asked.values()), "refused": len(refused), "refusals": refused,
             "late": sum(1 for t in refused if t > declared_at), "sends": sends, "clock": clock[0],
+            "blind": sum(1 for t in refused if t < first_refusal),
             "failed": (cfg.state_dir / "failed.jsonl").read_text().count("\n")}
 
 
@@ -3454,6 +3459,18 @@ def test_a_quota_that_renews_unannounced_is_paced_by_its_window_once_it_has_show
     run = drive(limiter, count, until=7200)
     assert sorted(s for _, _, s in run["ended"].values()) == [200] * count
     assert run["refused"] <= most_refused * run["requests"] and run["end"] <= 1.06 * limiter.ideal(count)
+
+
+def test_what_a_quota_refuses_before_its_first_refusal_comes_back_is_at_most_what_is_in_flight():
+    # a minute's window of 120 at 2/s, no Retry-After: nothing tells of it until it runs out, and what is in
+    # flight then is refused before the first refusal can come back, so --concurrency is the user's lever
+    blind = {}
+    for cap in (4, 32):
+        run = drive(Window(120, 60, retry_after=False), 245, cap=cap, order=1)
+        assert sorted(s for _, _, s in run["ended"].values()) == [200] * 245
+        assert 1 <= run["blind"] <= cap
+        blind[cap] = run["blind"]
+    assert blind[4] < blind[32]
 
 
 @pytest.mark.parametrize("limiter", [Leaky(5, 0), TokenBucket(5, 5)], ids=["no slack", "a token bucket"])
