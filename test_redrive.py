@@ -83,7 +83,7 @@ class Handler(BaseHTTPRequestHandler):
             server.inflight += 1
             server.max_inflight = max(server.max_inflight, server.inflight)
             server.events.append("start")
-        self.open = True
+        self.in_flight = True
         try:
             self.play(step, item)
         finally:
@@ -94,8 +94,8 @@ class Handler(BaseHTTPRequestHandler):
         see nothing sooner, so a loaded server thread that writes and is then
         put aside cannot count the client's next request as an overlap."""
         with self.server.lock:
-            if self.open:
-                self.open = False
+            if self.in_flight:
+                self.in_flight = False
                 self.server.inflight -= 1
                 self.server.events.append("end")
 
