@@ -1718,9 +1718,9 @@ def model(folder, count, opt):
             early = sum(1 for sent in run["refusals"] if sent < 10)
             over, refused = run["end"] / ideal, run["refused"] / run["requests"]
             seen = (run["refused"] - run["blind"]) / run["requests"]  # refused once a refusal had told of the limit
-            reached, met = reached + 1, met + (round(over, 2) <= 1.10 and round(refused, 3) <= 0.03)
+            within = lambda share: round(over, 2) <= 1.10 and round(share, 3) <= 0.03  # noqa: E731 (both targets)
+            reached, met, warned = reached + 1, met + within(refused), warned + within(seen)
             unwarned = unwarned + (run["blind"] > 0.03 * run["requests"])
-            warned = warned + (round(over, 2) <= 1.10 and round(seen, 3) <= 0.03)
             rows.append((f"{name}, {rate} r/s, {ids} ids",
                          f"{over:.2f} x ideal (target <= 1.10), refused {run['refused']} = "
                          f"{refused:.1%} of {run['requests']} (target <= 3%; {early} "
