@@ -32,7 +32,7 @@ nothing is sent until then, unless the answers contradict it. A 403 that says it
 GraphQL 200 whose errors say so, is a throttle too. Where nothing is
 declared, a 429 or 503 is one id's (it waits alone) unless the host's
 refusals outnumber its background share; the host's costs the id no try,
-cuts the host's rate to 0.7 of what it took, which then climbs back along
+cuts the host's rate to 0.85 of what it took, which then climbs back along
 CUBIC's curve; a host that refuses everything gets one request at a time,
 after its Retry-After (--rate and --per-host cap it all; --shard K/N splits
 the ids over machines).
