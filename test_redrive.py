@@ -3543,6 +3543,20 @@ def test_an_hour_at_a_slow_limit_found_again_and_again_is_refused_little(limiter
     assert run["end"] <= 1.06 * limiter.ideal(3605)
 
 
+@pytest.mark.parametrize("order", [None, 1], ids=["answers at one instant", "answers in order"])
+@pytest.mark.parametrize("limiter, count", [(TokenBucket(2, 5), 1205), (TokenBucket(1, 5), 605), (Leaky(1, 3), 605)],
+                         ids=["token bucket 2/s, burst 5", "token bucket 1/s, burst 5", "leaky 1/s, burst 3 nodelay"])
+def test_a_limit_with_slack_is_not_measured_by_the_burst_a_quiet_spell_refilled(limiter, count, order):
+    # below the limit its burst refills, and the next climb past it is taken from the burst: the unit before the first
+    # refusal read 2.5 r/s for 2, the cut stayed over it, and each cycle cost 10 to 20 refusals (8% after the first minute)
+    limiter = copy.deepcopy(limiter)
+    run = drive(limiter, count, order=order, until=36000)
+    gone = count // 50 if isinstance(limiter, Leaky) else 0  # the leaky bucket's every 50th id is a real 404
+    assert sorted(s for _, _, s in run["ended"].values()) == [200] * (count - gone) + [404] * gone
+    assert sum(1 for sent in run["refusals"] if sent >= 60) <= 0.012 * run["requests"]  # past the first minute's learning
+    assert run["end"] <= 1.05 * limiter.ideal(count)
+
+
 def test_a_limit_raised_after_half_an_hour_is_found_again_within_a_quarter_of_an_hour():
     # the price of probing rarely: the curve above a long-held W_max climbs slowly (the code before: 96 s)
     limiter = Leaky(2, 0, halved=(0, 1800))  # 1 r/s for half an hour, then 2 r/s
