@@ -3557,6 +3557,16 @@ def test_a_limit_with_slack_is_not_measured_by_the_burst_a_quiet_spell_refilled(
     assert run["end"] <= 1.05 * limiter.ideal(count)
 
 
+@pytest.mark.parametrize("limiter, count, latency", [(SlidingLog(20, 10), 245, 0.2), (SlidingLog(30, 10), 365, 0.05)],
+                         ids=["sliding log 20 per 10 s, 200 ms answers", "sliding log 30 per 10 s, 50 ms answers"])
+def test_a_quota_searched_for_is_no_pace_for_the_cut_after_it(limiter, count, latency):
+    # the search that found the window left its refusals behind the cut; the pace since the first of them, a spell
+    # of refusing all and then the window's own renewals, read 1.07 r/s for a log of 2 (1.58 x)
+    run = drive(limiter, count, cap=4, latency=latency)
+    assert sorted(s for _, _, s in run["ended"].values()) == [200] * count
+    assert run["end"] <= 1.2 * limiter.ideal(count)
+
+
 def test_a_limit_raised_after_half_an_hour_is_found_again_within_a_quarter_of_an_hour():
     # the price of probing rarely: the curve above a long-held W_max climbs slowly (the code before: 96 s)
     limiter = Leaky(2, 0, halved=(0, 1800))  # 1 r/s for half an hour, then 2 r/s
