@@ -1445,7 +1445,7 @@ class Host:
     4. The host's refusal of a request sent after the last cut (or search) is a cut: W_max the pace it took, or over the
        unit before its first refusal since if higher, or since that if a unit ago, 1 in 3 refused at most; the rate BETA
        W_max, then W(t) = W_max (1 - BETA) ((t - K) / K)^3 + W_max, K = CUBIC_C 2^n / W_max in [unit, (n + 1) --max-backoff],
-       n: cuts in a row within [BETA, 1 / BETA] of the last W_max. N answers over the bar undo them; twice, what they explained.
+       n: cuts in a row within [BETA, 1/BETA] of the last W_max. N answers over the bar undo them; twice, what they explained.
     5. A cut after its only take, or a refusal with nothing taken since the cut, searches for the next take, one request
        at a time, at a gap from the last take's send: the geometric mean of the longest refused and shortest taken (first
        --max-backoff; after 2+ takes, at most 2x the longest refused), or a Retry-After. A take after 2+ (a quota renewed)
@@ -1553,9 +1553,10 @@ class Host:
         with two in three taken since (a limit with slack takes all it can once passed; the unit before, its burst fed);
         the rate to BETA W_max (see 4)."""
         unit = max(RATE_SPAN, self.window)  # a window's pace measured over less than it aliases
-        last = max(self.recent[-min(len(self.recent), SHARE_ANSWERS)][0], (self.cycle or (-math.inf,))[0])  # this cycle's
+        cycle = (self.cycle or (-math.inf,))[0]  # since a search's end (see 5)
+        last = max(self.recent[-min(len(self.recent), SHARE_ANSWERS)][0], cycle)  # this cycle's
         took = min(self.taken(now, last), self.taken(now, now - unit))
-        begun = max(self.cut_at, (self.cycle or (-math.inf,))[0])  # after a search, its end: its refusals are no pace's
+        begun = max(self.cut_at, cycle)  # a search's refusals are no pace's
         onset = next((at for at, fresh, _, sent in self.recent if fresh and sent > begun), now)
         takes = [at for at, _, ok, _ in self.recent if ok and self.first_sent + unit <= at < onset]  # no first burst
         start = max((i for i, at in enumerate(takes) if at <= onset - unit), default=len(takes))
