@@ -3208,6 +3208,19 @@ class PenaltyBox(Leaky):
         return answer
 
 
+class Spell:
+    """A host that refuses every request (`status`, with `retry_after` if given) from `start` to `end` s of the
+    clock and takes every other: a deploy, a cold start. Every 50th id a real 404."""
+
+    def __init__(self, start, end, status=503, retry_after=None):
+        self.start, self.end, self.status, self.retry_after = start, end, status, retry_after
+
+    def __call__(self, item, n, now):
+        if self.start <= now < self.end:
+            return self.status, {} if self.retry_after is None else {"Retry-After": str(self.retry_after)}, b""
+        return (404, {}, b"") if item % 50 == 49 else (200, {}, b'{"ok":1}')
+
+
 class SlidingLog:
     """`size` requests in any `seconds` before now (the accepted ones are logged); 429 past it."""
 
@@ -3582,6 +3595,25 @@ def test_a_penalty_box_blocks_at_most_twice_and_every_id_ends_done():
     run = drive(box, 300, until=3000, max_backoff=300.0)
     assert box.blocks <= 2 and sorted(s for _, _, s in run["ended"].values()) == [200] * 294 + [404] * 6
     assert run["end"] <= 16 * box.ideal(300)  # the search's tests after the block (the code before: 43.5 x)
+
+
+@pytest.mark.parametrize("spell, status, retry_after", [(5, 503, None), (5, 429, 5), (20, 503, None)])
+def test_a_host_that_refuses_all_before_it_takes_any_is_not_paced_as_a_slow_limit_after(spell, status, retry_after):
+    clean = drive(Spell(0, 0), 4000)["end"]  # about 2.5 s at 32 in flight and 20 ms answers
+    run = drive(Spell(0, spell, status, retry_after), 4000)
+    assert sorted(s for _, _, s in run["ended"].values()) == [200] * 3920 + [404] * 80
+    # the search's tests find the spell's end no later than 3 x its length; then the pace of a host with no limit
+    # (the code before: 566, 646 and 871 s, paced at one request per gap refused in the spell)
+    assert run["end"] <= 3 * spell + 2 * clean
+
+
+@pytest.mark.parametrize("order", [None, 1])
+def test_a_limit_whose_first_answer_is_a_refusal_is_measured_by_its_takes(order):
+    bucket = TokenBucket(10, 5)
+    bucket.tokens = 0.0  # another client spent its burst: the first request meets an empty bucket
+    run = drive(bucket, 1205, order=order)
+    assert sorted(s for _, _, s in run["ended"].values()) == [200] * 1205
+    assert run["end"] <= 1.3 * bucket.ideal(1205)  # the code before: 2.86 x, a refused gap read as its interval
 
 
 def test_a_host_that_takes_nothing_for_longer_than_max_backoff_ends_the_run_with_every_id_pending():
