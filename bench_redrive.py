@@ -65,6 +65,9 @@ Scenarios (all by default):
                  --concurrency, --latency and --order apply
   next-run       the run after one that found the limit, in the same state dir (paces.json):
                  the model's shapes at 2 to 50 r/s on the fake clock, and nginx-slow's limits
+  cold-start     3,000 ids on a server with no limit that refuses everything for its
+                 first 2 or 5 s (503, or 429 + Retry-After: 5), then takes all,
+                 against a clean run of the same ids
   refresh        a nightly sync of 10,000 ids with ETags: night 1 fetches all;
                  on night 2, 2% changed and 0.5% are gone: a plain rerun, then
                  --refresh; night 3's --refresh under GitHub's quota headers
@@ -191,7 +194,7 @@ class Handler(BaseHTTPRequestHandler):
         if throttled is not None and declared:
             return self.send(srv.limit.status, srv.limit.body, declared)
         if throttled is not None:
-            return self.send(429, b"slow down", {"Retry-After": throttled} if throttled else {})
+            return self.send(getattr(srv.limit, "status", 429), b"slow down", {"Retry-After": throttled} if throttled else {})
         if kind == "429-lone" and hit == 1:  # this item only: being rebuilt, come back in a second
             return self.send(429, b"rebuilding", {"Retry-After": "1"})
         status, body = self.answer(kind, hit, item)
@@ -340,6 +343,17 @@ def dialect_headers(dialect, size, seconds, remaining, left, end):
         "discord": {"X-RateLimit-Limit": str(size), "X-RateLimit-Remaining": str(remaining),
                     "X-RateLimit-Reset": f"{end:.3f}", "X-RateLimit-Reset-After": f"{max(0.0, left):.3f}"},
     }[dialect]
+
+
+class Spell(Limiter):
+    """A host that refuses every request for its first `seconds` (a deploy, a cold start), with `status`
+    and a Retry-After of `retry_after` (None: none), then takes everything."""
+
+    def __init__(self, seconds, status=503, retry_after=None):
+        self.seconds, self.status, self.retry_after = seconds, status, retry_after
+
+    def check(self, t):
+        return None if t >= self.seconds else "" if self.retry_after is None else str(self.retry_after)
 
 
 class TokenBucket(Limiter):
@@ -835,6 +849,27 @@ def lone_429(folder, count, opt):
           f"{opt.latency * 1000:g} ms latency, concurrency 16 (exit {run.code})", rows)
     show_error(run)
     per_id_trouble(folder, opt)
+
+
+def cold_start(folder, count, opt):
+    """A server with no limit that refuses everything for its first seconds, then takes everything."""
+    ids, rows = write_ids(folder, count), []
+    proc, base = start_server(opt.latency)
+    try:
+        clean_run = measured(redrive_cmd(ids, base, "--concurrency", str(opt.concurrency),
+                                         "--state-dir", str(folder / "clean")))
+    finally:
+        proc.terminate()
+    rows.append(("clean run of the same ids", f"{clean_run.wall:.2f} s"))
+    for seconds, status, retry_after in ((2, 503, None), (5, 503, None), (5, 429, 5)):
+        (folder / f"spell-{seconds}-{status}").mkdir()
+        run, stats = limited_run(folder / f"spell-{seconds}-{status}", count, opt, Spell(seconds, status, retry_after))
+        sent, _ = sent_and_throttled(stats)
+        said = f" + Retry-After: {retry_after}" if retry_after else ""
+        rows.append((f"{status}{said} to everything for the first {seconds} s",
+                     f"{run.wall:.2f} s = the spell + {run.wall - seconds:.2f} s (the clean run: {clean_run.wall:.2f} s), "
+                     f"{len(stats['refused'])} refused of {sent} requests, exit {run.code}"))
+    table(f"a cold start: {count} ids, {opt.latency * 1000:g} ms latency, concurrency {opt.concurrency}", rows)
 
 
 #: The demo's mix of one-item trouble on a server with no limit: 8% of ids answer 429 + Retry-After: 1
@@ -1754,13 +1789,13 @@ SCENARIOS = {"clean": clean, "flaky": flaky, "rate-limited": rate_limited, "lone
              "shards-on-one-key": shards_on_one_key, "no-limit-throttles": no_limit_throttles,
              "shards-parallel": shards_parallel, "refresh": refresh, "nginx-slow": nginx_slow,
              "nginx-twins": nginx_twins, "server-twins": server_twins, "model": model, "first-run": first_run, "resume-first-nights": resume_first_nights,
-             "next-run": next_run}
+             "next-run": next_run, "cold-start": cold_start}
 COUNTS = {"clean": 10_000, "flaky": 10_000, "rate-limited": 3_000, "lone-429": 10_000, "resume": 1_000_000, "fsync": 5_000,
           "stop": 1_000_000, "nginx": 0,
           "fixed-window": 0, "token-bucket": 0, "limit-and-lone": 0, "limit-change": 4_500, "chaos": 10_000,
           "declared": 0, "shards-on-one-key": 0, "no-limit-throttles": 10_000, "shards-parallel": 3_000,
           "refresh": 10_000, "nginx-slow": 0, "nginx-twins": 0, "server-twins": 0, "model": 0, "first-run": 2_000_000, "resume-first-nights": 1_000_000,
-          "next-run": 0}
+          "next-run": 0, "cold-start": 3_000}
 
 
 def main(argv=None):
