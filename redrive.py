@@ -1449,9 +1449,9 @@ class Host:
     5. A cut after its only take, or a refusal with none taken since the cut, searches for the next take, one request at a
        time, at a gap from the last take's send: the geometric mean of the longest refused (reset by its first take) and
        shortest taken (first --max-backoff; after 2+ takes, at most 2x the longest refused), or a Retry-After. A take after 2+
-       (a quota renewed) ends it: W_max its takes over its window, the curve at its top, the unit the shortest such window
-       over RATE_SPAN. One take's interval ends within sqrt(BETA): W_max 1 / the shortest taken; taken at its fastest, slow
-       start. Refusing all past --max-backoff: paused past the run. paces.json's W_max starts the curve. --rate bounds all.
+       (a quota renewed) ends it: W_max its takes over its window, the curve at its top, the unit its shortest window over
+       RATE_SPAN. One take's interval ends within sqrt(BETA), or at its fastest: W_max 1 / the shortest taken (none refused:
+       slow start). Refusing all past --max-backoff: the run ends. paces.json starts the curve. --rate bounds all.
     """
 
     cap: int  #: --per-host, or --concurrency
@@ -1588,19 +1588,20 @@ class Host:
             self.refusing_since = self.cut_at  # it refuses everything since the cut
         (lo, hi), gap = self.bounds, max(sent - last, MIN_WAIT)
         changed = not taken and gap >= hi  # refused where it took, or where it said it would: its word is no guide
-        floor = taken and gap >= hi  # taken again at no shorter gap: one at a time sends none shorter
+        # a take right after a take, at no shorter gap: one request at a time can test none shorter
+        floor = taken and gap >= hi and self.recent[-2][2]
         lo, hi = (lo, min(hi, gap)) if taken else (max(lo, gap), max(self.longest, 2 * gap) if changed else hi)
         if wait is not None and not changed:
             lo = hi = max(lo, now + wait - last)
         lo = 0.0 if taken and not self.takes else lo  # its first take: refusals before any take are no gap between two
         since, before = self.cycle or (self.first_sent, 0)
         quota, window = self.takes - before, last - since + math.sqrt(lo * hi)  # its takes in the cycle, and its end
-        if taken and (quota >= 2 or math.sqrt(BETA) * hi <= lo):  # a quota renewed, or one take's interval found
+        if taken and (quota >= 2 or math.sqrt(BETA) * hi <= lo or floor and lo > 0):  # a quota renewed, or an interval found
             self.window = min(self.window or math.inf, max(window, MIN_WAIT)) if quota >= 2 else self.window
             w_max = min(self.w_max, quota / self.window) if quota >= 2 else 1.0 / hi  # a quota's takes over its window
             self.bounds, self.sample, self.cycle = None, [0, 0, 0], (sent, self.takes)
             self.climb(now, w_max, top=quota >= 2 and w_max < self.w_max)  # a quota is no pace found over the limit
-        elif floor:  # it takes faster than a search can send: no limit known, slow start
+        elif floor:  # none refused since its first take, and it takes as fast as a search sends: no limit known
             self.bounds, self.sample, self.cycle, self.w_max, self.cut_at = None, None, (sent, self.takes), None, -math.inf
         else:
             step = hi if math.sqrt(BETA) * hi <= lo else math.sqrt(lo * hi)  # bisection in ratio, to within sqrt(BETA)
