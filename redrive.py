@@ -1450,8 +1450,8 @@ class Host:
        time, at a gap from the last take's send: the geometric mean of the longest refused (reset by its first take) and
        shortest taken (first --max-backoff; after 2+ takes, at most 2x the longest refused), or a Retry-After. A take after 2+
        (a quota renewed) ends it: W_max its takes over its window, the curve at its top, the unit its shortest window over
-       RATE_SPAN. One take's interval ends within sqrt(BETA), or at its fastest: W_max 1 / the shortest taken (none refused:
-       slow start). Refusing all past --max-backoff: the run ends. paces.json starts the curve. --rate bounds all.
+       RATE_SPAN. One take's interval ends within sqrt(BETA): W_max 1 / the shortest taken; taken at its fastest, slow
+       start. Refusing all past --max-backoff: the run ends. paces.json starts the curve. --rate bounds all.
     """
 
     cap: int  #: --per-host, or --concurrency
@@ -1596,12 +1596,12 @@ class Host:
         lo = 0.0 if taken and not self.takes else lo  # its first take: refusals before any take are no gap between two
         since, before = self.cycle or (self.first_sent, 0)
         quota, window = self.takes - before, last - since + math.sqrt(lo * hi)  # its takes in the cycle, and its end
-        if taken and (quota >= 2 or math.sqrt(BETA) * hi <= lo or floor and lo > 0):  # a quota renewed, or an interval found
+        if taken and (quota >= 2 or math.sqrt(BETA) * hi <= lo):  # a quota renewed, or one take's interval found
             self.window = min(self.window or math.inf, max(window, MIN_WAIT)) if quota >= 2 else self.window
             w_max = min(self.w_max, quota / self.window) if quota >= 2 else 1.0 / hi  # a quota's takes over its window
             self.bounds, self.sample, self.cycle = None, [0, 0, 0], (sent, self.takes)
             self.climb(now, w_max, top=quota >= 2 and w_max < self.w_max)  # a quota is no pace found over the limit
-        elif floor:  # none refused since its first take, and it takes as fast as a search sends: no limit known
+        elif floor:  # it takes as fast as a search can test: no interval to find, slow start
             self.bounds, self.sample, self.cycle, self.w_max, self.cut_at = None, None, (sent, self.takes), None, -math.inf
         else:
             step = hi if math.sqrt(BETA) * hi <= lo else math.sqrt(lo * hi)  # bisection in ratio, to within sqrt(BETA)
