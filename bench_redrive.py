@@ -194,7 +194,8 @@ class Handler(BaseHTTPRequestHandler):
         if throttled is not None and declared:
             return self.send(srv.limit.status, srv.limit.body, declared)
         if throttled is not None:
-            return self.send(getattr(srv.limit, "status", 429), b"slow down", {"Retry-After": throttled} if throttled else {})
+            status = getattr(srv.limit, "status", 429)  # a Spell's 503, or a 429
+            return self.send(status, b"slow down", {"Retry-After": throttled} if throttled else {})
         if kind == "429-lone" and hit == 1:  # this item only: being rebuilt, come back in a second
             return self.send(429, b"rebuilding", {"Retry-After": "1"})
         status, body = self.answer(kind, hit, item)
@@ -862,8 +863,9 @@ def cold_start(folder, count, opt):
         proc.terminate()
     rows.append(("clean run of the same ids", f"{clean_run.wall:.2f} s"))
     for seconds, status, retry_after in ((2, 503, None), (5, 503, None), (5, 429, 5)):
-        (folder / f"spell-{seconds}-{status}").mkdir()
-        run, stats = limited_run(folder / f"spell-{seconds}-{status}", count, opt, Spell(seconds, status, retry_after))
+        here = folder / f"spell-{seconds}-{status}"
+        here.mkdir()
+        run, stats = limited_run(here, count, opt, Spell(seconds, status, retry_after))
         sent, _ = sent_and_throttled(stats)
         said = f" + Retry-After: {retry_after}" if retry_after else ""
         rows.append((f"{status}{said} to everything for the first {seconds} s",
