@@ -1433,7 +1433,7 @@ class Quota:
 
 @dataclass
 class Host:
-    """One origin's gate: how many requests may be in flight, and when the next may go.
+    """One origin's gate: how many requests may be in flight, and when the next may go, under --rate.
 
     1. A declared quota is believed: what is left (less what is in flight, a unit worth 1 / its fall per answer, the
        largest fall left out) spread up to its reset, as the latest answer tells it; none left, one request after it.
@@ -1446,12 +1446,12 @@ class Host:
        unit before its first refusal since if higher, or since that if a unit ago, 1 in 3 refused at most; the rate BETA
        W_max, then W(t) = W_max (1 - BETA) ((t - K) / K)^3 + W_max, K = CUBIC_C 2^n / W_max in [unit, (n + 1) --max-backoff],
        n: cuts in a row within [BETA, 1/BETA] of the last W_max. N answers over the bar undo them; twice, what they explained.
-    5. A cut after its only take, or a refusal with none taken since the cut, searches for the next take, one request at a
-       time, at a gap from the last take's send: the geometric mean of the longest refused (reset by its first take) and
-       shortest taken (first --max-backoff; after 2+ takes, at most 2x the longest refused), or a Retry-After. A take after 2+
-       (a quota renewed) ends it: W_max its takes over its window, the curve at its top, the unit its shortest window over
-       RATE_SPAN. One take's interval ends within sqrt(BETA): W_max 1 / the shortest taken; taken at its fastest, slow
-       start. Refusing all past --max-backoff: the run ends. paces.json starts the curve. --rate bounds all.
+    5. A cut after its only take, or a refusal with none taken since the cut, tests one request at a time the gap from the
+       last take's send to the next take: the geometric mean of the longest refused (reset at its first take) and shortest
+       taken (--max-backoff, or 2x the longest refused after 2+ takes), or a Retry-After. A take after 2+ (a quota renewed)
+       ends it: W_max its takes over its window, the curve at its top, the unit its shortest window over RATE_SPAN. One
+       take's interval ends within sqrt(BETA): W_max 1 / the shortest taken; taken at its fastest, slow start. Refused all
+       past --max-backoff: the run ends. paces.json starts the curve; 1/BETA^2 past it a unit, none refused: slow start.
     """
 
     cap: int  #: --per-host, or --concurrency
@@ -1505,6 +1505,9 @@ class Host:
         self.inflight += 1
         self.first_sent = now if self.first_sent is None else self.first_sent
         self.probing = self.down_since is not None
+        # a remembered W_max may sit a cut's step under the limit: passed by two steps for a unit, none refused, it is gone
+        if self.w_max and not self.refusals and BETA ** 2 * self.rate(now - max(RATE_SPAN, self.window)) >= self.w_max:
+            self.w_max, self.first_sent = None, now  # the host met anew (see 5)
         gap = self.gap(now)
         for quota in self.quotas.values():
             quota.left -= 1
@@ -1681,7 +1684,7 @@ class Host:
     def forgettable(self, now: float) -> bool:
         """Idle and as a new host would be (never refused): nothing is lost by dropping it."""
         return not (self.ready or self.inflight or self.w_max or self.quotas or self.unreached or self.refusals) and \
-            self.paused_until <= now
+            self.paused_until <= now and self.cut_at == -math.inf  # a remembered limit left behind: to be forgotten
 
     def reached(self, now: float) -> None:
         """Any answer, even an error, or a connection cut after it was made: the host is there."""
