@@ -3717,8 +3717,9 @@ def test_a_403_without_a_sign_of_a_rate_limit_is_a_permission_answer_and_the_hos
 @given(st.lists(st.tuples(st.sampled_from([0.0, 0.0005, 0.01, 0.1, 0.4, 1.0, 2.5, 30.0]),
                           st.sampled_from(["ok", "429", "503", "none", "said", "spent"]),
                           st.sampled_from([None, 0.0, 0.3, 1.0, 2.0, 5.0, 90.0]),
-                          st.booleans(), st.sampled_from([0.0, 0.001, 0.05, 1.0])), max_size=120))
-def test_no_sequence_of_answers_breaks_a_hosts_gate(events):
+                          st.booleans(), st.sampled_from([0.0, 0.001, 0.05, 1.0])), max_size=120),
+       st.sampled_from([None, (0.5, 0.0), (2.0, 0.0), (40.0, 2.0)]))
+def test_no_sequence_of_answers_breaks_a_hosts_gate(events, recalled):
     host, now = redrive.Host(cap=16, longest=60.0), 0.0
     for step, kind, wait, fresh, took in events:
         opens = host.opens_at(now + step)
@@ -3726,7 +3727,11 @@ def test_no_sequence_of_answers_breaks_a_hosts_gate(events):
             continue  # the gate is full: the run loop sends nothing now
         sent = opens  # sent when the gate lets it, answered `took` later
         now = sent + took
+        first = host.first_sent is None
         host.start(sent)
+        if first and recalled:  # a pace an earlier run left (paces.json), as the run loop starts it
+            host.window = recalled[1]
+            host.climb(sent, recalled[0])
         declared = redrive.Declared(0.0 if kind == "spent" else 10.0, wait or 0.0)
         if kind == "ok":
             host.succeeded(now, sent, declared)
