@@ -1507,7 +1507,7 @@ class Host:
         self.probing = self.down_since is not None
         # a remembered W_max may sit a cut's step under the limit: passed by two steps for a unit, none refused, it is gone
         if self.w_max and not self.refusals and BETA ** 2 * self.rate(now - max(RATE_SPAN, self.window)) >= self.w_max:
-            self.w_max, self.first_sent = None, now  # the host met anew (see 5)
+            self.w_max, self.window, self.first_sent = None, 0.0, now  # the host met anew (see 5)
         gap = self.gap(now)
         for quota in self.quotas.values():
             quota.left -= 1

@@ -3696,6 +3696,8 @@ def test_a_limit_that_changed_between_runs_is_found_again_and_a_lifted_one_is_le
     assert all(r["refused"] == 0 for r in lifted[1:]) and lifted[1]["end"] <= 90
     assert lifted[1]["paces"] is None or redrive.pace_key("http://h") not in lifted[1]["paces"]  # left behind
     assert lifted[2]["end"] <= 1.05 * clean and lifted[3]["end"] <= 1.05 * clean
+    window = runs_in_one_state_dir((Window(120, 60, retry_after=False), 245), (Lone(0), 2000), (Lone(0), 2000))
+    assert window[1]["refused"] == 0 and window[1]["end"] <= 220 and window[2]["end"] <= 1.05 * clean  # a window's unit
     assert [len(r["ended"]) for r in lifted] == [245, 2245, 4245, 6245]
 
 
