@@ -3678,8 +3678,8 @@ def test_a_limit_one_run_found_is_where_the_next_run_starts(shape, count):
 
 def test_a_limit_that_changed_between_runs_is_found_again_and_a_lifted_one_is_left_behind():
     # a remembered pace is a cut's W_max that this run has not seen: a lower limit cuts it, a little higher one is
-    # climbed to along the curve, and one the curve passes by 1 / BETA^2 for a unit with none refused is no longer
-    # there: the host is met anew (slow start), and the next run starts from what this one found, or from nothing
+    # climbed to along the curve, and once the host takes 1 / BETA^2 of it over a unit with none refused it is no
+    # longer there: the host is met anew (slow start), and the next run starts from what this one found, or from nothing
     pace = lambda run: json.loads(run["paces"])["hosts"][redrive.pace_key("http://h")]["pace"]  # noqa: E731
     lower = runs_in_one_state_dir((Leaky(10, 0), 1205), (Leaky(2, 0), 245), (Leaky(2, 0), 245))
     assert lower[1]["end"] <= 1.5 * Leaky(2, 0).ideal(245) and lower[1]["refused"] <= 40 and 1.8 <= pace(lower[1]) <= 2.2
