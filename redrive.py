@@ -1451,7 +1451,7 @@ class Host:
        taken (--max-backoff, or 2x the longest refused after 2+ takes), or a Retry-After. A take after 2+ (a quota renewed)
        ends it: W_max its takes over its window, the curve at its top, the unit its shortest window over RATE_SPAN. One
        take's interval ends within sqrt(BETA): W_max 1 / the shortest taken; taken at its fastest, slow start. Refused all
-       past --max-backoff: the run ends. paces.json starts the curve; 1/BETA^2 of it taken a unit, none refused: slow start.
+       past --max-backoff: the run ends. paces.json starts the curve; CUBIC_C takes over it, none refused: slow start.
     """
 
     cap: int  #: --per-host, or --concurrency
@@ -1505,10 +1505,8 @@ class Host:
         self.inflight += 1
         self.first_sent = now if self.first_sent is None else self.first_sent
         self.probing = self.down_since is not None
-        # a remembered W_max may sit a cut's step under the limit: taken two steps over for a unit, none refused, it is gone
-        unit = max(RATE_SPAN, self.window)
-        if self.w_max and not self.refusals and self.first_sent <= now - unit and \
-                BETA ** 2 * self.taken(now, now - unit) >= self.w_max:
+        # a remembered W_max the host took CUBIC_C requests more than, none refused, is no longer there (a burst is less)
+        if self.w_max and not self.refusals and self.takes >= self.w_max * (now - self.cut_at) + CUBIC_C:
             self.w_max, self.window, self.first_sent = None, 0.0, now  # the host met anew (see 5)
         gap = self.gap(now)
         for quota in self.quotas.values():
