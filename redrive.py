@@ -1448,9 +1448,9 @@ class Host:
        n: cuts in a row within [BETA, 1/BETA] of the last W_max. N answers over the bar undo them; twice, what they explained.
     5. A cut after its only take, or a refusal with none taken since the cut, tests one request at a time the gap from the
        last take's send to the next take: the geometric mean of the longest refused (reset at its first take) and shortest
-       taken (--max-backoff, or 2x the longest refused after 2+ takes), or a Retry-After. A take after 2+ (a quota renewed)
-       ends it: W_max its takes over its window, the curve at its top, the unit its shortest window over RATE_SPAN. One
-       take's interval ends within sqrt(BETA): W_max 1 / the shortest taken; taken at its fastest, slow start. Refused all
+       taken (first --max-backoff; after 2+ takes, at most 2x the longest refused), or a Retry-After. A take after 2+ (a quota
+       renewed) ends it: W_max its takes over its window, the curve at its top, the unit its shortest window over RATE_SPAN.
+       One take's interval ends within sqrt(BETA): W_max 1 / the shortest taken; taken at its fastest, slow start. Refused all
        past --max-backoff: the run ends. paces.json starts the curve; CUBIC_C takes over it, none refused: slow start.
     """
 
