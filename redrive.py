@@ -215,7 +215,7 @@ READ_CHUNK = 65536
 
 #: Watches for a stray answer (see in_step): a host's first IN_STEP_CHECKS
 #: reused answers, every IN_STEP_EVERY-th on a connection, its last
-#: 2 x IN_STEP_EVERY in doubt; a look waits IN_STEP_WAIT s at most.
+#: twice IN_STEP_EVERY in doubt; a look waits IN_STEP_WAIT s at most.
 IN_STEP_CHECKS = 8
 IN_STEP_EVERY = 128
 IN_STEP_WAIT = 1.0
