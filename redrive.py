@@ -1576,6 +1576,11 @@ class Host:
         self.hold = max(1.0, min(2 * self.hold, span * w_max / CUBIC_C)) if self.again else 1.0
         self.climb(now, w_max)
 
+    def recall(self, now: float, pace: float, window: float) -> None:
+        """A limit an earlier run found (paces.json): its first request starts the curve as that cut did (see 5)."""
+        self.window = window
+        self.climb(now, pace)
+
     def climb(self, now: float, w_max: float, top: bool = False) -> None:
         """The curve of 4 from a cut at `now` to BETA `w_max` (`top`: at W_max), K no shorter than its quota's window."""
         k = max(CUBIC_C * self.hold / w_max, RATE_SPAN, self.window)
@@ -1684,7 +1689,7 @@ class Host:
     def forgettable(self, now: float) -> bool:
         """Idle and as a new host would be (never refused): nothing is lost by dropping it."""
         return not (self.ready or self.inflight or self.w_max or self.quotas or self.unreached or self.refusals) and \
-            self.paused_until <= now and self.cut_at == -math.inf  # a remembered limit left behind: to be forgotten
+            self.paused_until <= now and self.cut_at == -math.inf  # one met anew stays, so paces.json drops its record
 
     def reached(self, now: float) -> None:
         """Any answer, even an error, or a connection cut after it was made: the host is there."""
@@ -4278,9 +4283,8 @@ class Schedule:
         new = host.first_sent is None
         host.start(now)
         learnt = new and self.recalled and self.recalled.get(pace_key(item.host))  # a host never asked was never cut
-        if learnt:  # a limit an earlier run found: the host's first request starts the curve as that cut did (see Host 5)
-            host.window = learnt["window"]
-            host.climb(now, learnt["pace"])
+        if learnt:
+            host.recall(now, learnt["pace"], learnt["window"])
         item.sent, item.order = now, next(self.starts)
         if self.cfg.rate:
             self.next_slot = max(self.next_slot, now) + 1.0 / self.cfg.rate

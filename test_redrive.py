@@ -3733,9 +3733,8 @@ def test_no_sequence_of_answers_breaks_a_hosts_gate(events, recalled):
         now = sent + took
         first = host.first_sent is None
         host.start(sent)
-        if first and recalled:  # a pace an earlier run left (paces.json), as the run loop starts it
-            host.window = recalled[1]
-            host.climb(sent, recalled[0])
+        if first and recalled:  # a pace an earlier run left (paces.json)
+            host.recall(sent, *recalled)
         declared = redrive.Declared(0.0 if kind == "spent" else 10.0, wait or 0.0)
         if kind == "ok":
             host.succeeded(now, sent, declared)
