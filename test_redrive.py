@@ -4974,6 +4974,19 @@ def test_a_pace_an_earlier_run_left_paces_the_hosts_first_requests(server, tmp_p
     assert json.loads((sdir / "paces.json").read_text())["hosts"] == {key: learnt[key]}
 
 
+def test_a_pace_an_earlier_run_left_is_dropped_once_the_host_takes_far_more_than_it(server, tmp_path):
+    # an API that lifted its limit since: once the host has taken CUBIC_C requests more than the record allows, none
+    # refused, it is met anew (slow start), and the next run is not held to the old record
+    sdir = tmp_path / "ids.redrive"
+    sdir.mkdir()
+    key = redrive.pace_key(server.base)
+    (sdir / "paces.json").write_text(json.dumps({"hosts": {key: {"pace": 100, "window": 0,
+                                                                   "at": "2026-01-01T00:00:00.000000Z"}}}))
+    code, err, _ = crawl(server, tmp_path, [str(i) for i in range(1500)], "--concurrency", "4")
+    assert code == ExitCode.OK and len(state(tmp_path, "results.jsonl")) == 1500
+    assert key not in json.loads((sdir / "paces.json").read_text())["hosts"]
+
+
 def test_a_limit_a_run_finds_is_kept_for_the_next_by_a_digest_of_its_host(server, tmp_path):
     # the first run learns 20 a second the way a new host does (slow start's bunch is refused at once); the next starts
     # paced at what it learnt: its first refusal is the curve's first probe past it, a K later
