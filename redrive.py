@@ -968,8 +968,8 @@ def next_step(out: "Outcome", tries: int, pass_no: int, cfg: "Config", stopping:
         out = dataclasses.replace(out, error=f"{out.error}, asked to wait {wait:g} s "
                                              f"(over --max-backoff {cfg.max_backoff:g} s)")
     elif tries < cfg.tries:
-        if wait is None:
-            wait = backoff_delay(tries, cfg.backoff, cfg.max_backoff, rand)
+        # never sooner than the backoff: a wait of none or less than a round trip would spend its tries in a burst
+        wait = max(wait or 0.0, backoff_delay(tries, cfg.backoff, cfg.max_backoff, rand))
         return Step(Move.RETRY, wait)
     if pass_no >= cfg.passes:
         return Step(Move.GIVE_UP, outcome=out)

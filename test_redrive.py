@@ -460,6 +460,9 @@ OVER = "503, asked to wait 120 s (over --max-backoff 60 s)"
     ("a 500, second try", dict(bucket=R, status=500), 2, 1, False, "RETRY", 1.5, None),
     ("a 500 in pass 2", dict(bucket=R, status=500), 1, 2, False, "RETRY", 0.75, None),
     ("a Retry-After", dict(bucket=R, status=503, retry_after=7.0), 1, 1, False, "RETRY", 7.0, None),
+    ("a Retry-After of 0 (or a date past)", dict(bucket=R, status=429, retry_after=0.0), 1, 1, False, "RETRY", 0.75,
+     None),
+    ("a Retry-After under the backoff", dict(bucket=R, status=503, retry_after=0.5), 2, 1, False, "RETRY", 1.5, None),
     ("a plain 429, the id's own", dict(bucket=R, status=429), 1, 1, False, "RETRY", 0.75, None),
     ("a plain 503, the id's own", dict(bucket=R, status=503), 1, 1, False, "RETRY", 0.75, None),
     ("tries spent, pass 1", dict(bucket=R, status=500, error="500"), 5, 1, False, "FAIL", 30.0, "500"),
@@ -3844,18 +3847,24 @@ def test_throttle_bound_a_spent_quota_whose_reset_is_past_ends_the_run_with_ever
     assert report["stop"] == "later" and report["counts"]["pending"] + report["counts"]["failed"] == len(ids)
 
 
-@pytest.mark.parametrize("retry_after", ["0", "1"], ids=["Retry-After: 0", "Retry-After: 1"])
+@pytest.mark.parametrize("retry_after, workers", [
+    ("0", 1), ("1", 1), ("0", 4), ("Wed, 21 Oct 2015 07:28:00 GMT", 4), ("0.001", 4),
+], ids=["Retry-After: 0", "Retry-After: 1", "Retry-After: 0, 4 workers", "a date past, 4 workers",
+        "a millisecond, 4 workers"])
 def test_throttle_bound_a_host_whose_retry_after_is_never_true_ends_the_run_with_every_id_pending(server, tmp_path,
-                                                                                                 retry_after):
+                                                                                                 retry_after, workers):
     # a refusal at the time the host said it would take is its word proved wrong: the search stops following it,
     # so a "come back now" refused for ever is not a request per round trip; and the host paused past the run's
-    # reach stays past it at a look that a refused id's own wait puts later (a real run, on the real clock)
+    # reach stays past it at a look that a refused id's own wait puts later (a real run, on the real clock).
+    # Before the host's refusals are told from the ids' own, an id asked again at once (a wait of none, or of less
+    # than a round trip) would spend every try before any other id was asked: no id may fail for the host's refusals
     ids = [f"r{n}" for n in range(6)]
     server.replies.update({item: [(429, b"", {"Retry-After": retry_after})] for item in ids})
-    cmd = redrive_cmd(write_ids(tmp_path, ids), "--url", server.template, "--concurrency", "1", "--max-backoff", "2",
-                      "--cooldown", "1")
+    cmd = redrive_cmd(write_ids(tmp_path, ids), "--url", server.template, "--concurrency", str(workers),
+                      "--max-backoff", "2", "--cooldown", "1")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert proc.returncode == ExitCode.INCOMPLETE and state(tmp_path, "unavailable.jsonl") == []
+    assert state(tmp_path, "failed.jsonl") == [] and state(tmp_path, "done.txt") == []
     assert "longer than --max-backoff" in proc.stderr and sum(server.hits.values()) <= 40
 
 
