@@ -1542,6 +1542,8 @@ class Host:
             return False
         if spent or sent <= self.cut_at:  # the quota's gate waits for its reset; one cut per round trip
             self.paused_until = max(self.paused_until, now + wait) if spent and wait is not None else self.paused_until
+            # a reset that never comes (spent again at each): it refuses everything since, as in a search (see 5)
+            self.refusing_since = now if spent and self.refusing_since is None else self.refusing_since
             return True
         if not refusing:
             self.cut(now)

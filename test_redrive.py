@@ -3831,15 +3831,19 @@ def test_a_403_that_says_it_is_a_rate_limit_is_retried_and_one_that_does_not_is_
     assert fetched["limited"] >= redrive.iso(FakeTime().wallclock() + waited)
 
 
-@pytest.mark.parametrize("headers", [
-    {"X-RateLimit-Limit": "60", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "0"},
-    {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": str(int(time.time()) - 3600)},  # an epoch in the past
-    {"RateLimit-Policy": '"d";q=60;w=60', "RateLimit": '"d";r=0;t=0'},
-], ids=["reset 0", "reset an hour ago", "structured t=0"])
-def test_throttle_bound_a_spent_quota_whose_reset_is_past_ends_the_run_with_every_id_pending(server, tmp_path,
-                                                                                              headers):
+@pytest.mark.parametrize("status, headers", [
+    (429, {"X-RateLimit-Limit": "60", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "0"}),
+    (429, {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": str(int(time.time()) - 3600)}),  # an epoch in the past
+    (429, {"RateLimit-Policy": '"d";q=60;w=60', "RateLimit": '"d";r=0;t=0'}),
+    (429, {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "1"}),  # a reset that never comes: a second on, always
+    (429, {"RateLimit": '"d";r=0;t=1'}),
+    (403, {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "1"}),
+], ids=["reset 0", "reset an hour ago", "structured t=0", "reset always a second on", "structured t=1 always",
+        "403, reset always a second on"])
+def test_throttle_bound_a_spent_quota_whose_reset_is_past_or_never_comes_ends_the_run_with_every_id_pending(
+        server, tmp_path, status, headers):
     ids = [f"s{n}" for n in range(6)]
-    server.replies.update({item: [(429, b"", headers)] for item in ids})
+    server.replies.update({item: [(status, b"", headers)] for item in ids})
     code, err, _ = crawl(server, tmp_path, ids, "--max-backoff", "5", fake=FastForward())
     assert code == ExitCode.INCOMPLETE and state(tmp_path, "unavailable.jsonl") == []
     assert sum(server.hits.values()) <= 40  # refusals that back off and end the run, not 10 a second for ever
