@@ -1435,8 +1435,9 @@ class Quota:
 class Host:
     """One origin's gate: how many requests may be in flight, and when the next may go, under --rate.
 
-    1. A declared quota is believed: what is left (less what is in flight, a unit worth 1 / its fall per answer, the
-       largest fall left out) spread up to its reset, as the latest answer tells it; none left, one request after it.
+    1. A declared quota is believed: what is left (less what is in flight, a unit worth 1 / its fall per answer over
+       this window and the last, each one's largest fall left out) spread up to its reset, as the latest answer tells;
+       none left, one request after it.
        The tightest bucket governs; a renewed window whose first success says none of 2+ is left: none believed since.
     2. In flight: --per-host at most; in slow start START_LIMIT, SLOW_START_STEP more per answer, one less per refusal.
     3. A fresh refusal (429 or 503 of an id not refused for itself just before) is the host's if it says it is a rate
@@ -1481,6 +1482,7 @@ class Host:
     below: list = field(default_factory=lambda: [0, 0])  #: the same, summed over every sample completed
     quotas: dict = field(default_factory=dict)  #: bucket -> Quota
     renewed: set = field(default_factory=set)  #: buckets whose window ran out, until the next declares it
+    before: dict = field(default_factory=dict)  #: bucket -> (answers, falls but the largest) of its last window
     believed: bool = True  #: its declared quotas are believed (see declared)
     unreached: int = 0  #: requests in a row that never reached the host
     down_since: Optional[float] = None
@@ -1636,29 +1638,33 @@ class Host:
             if self.sample[0] >= SHARE_ANSWERS:
                 self.sampled()
         for bucket in [b for b, q in self.quotas.items() if q.reset_at + QUOTA_MARGIN <= now]:
-            del self.quotas[bucket]  # renewed: the next declaration tells the new window
+            quota = self.quotas.pop(bucket)  # renewed: the next declaration tells the new window
+            self.before[bucket] = (quota.answered, quota.spent - quota.largest)
             self.renewed.add(bucket)
         if declared is not None and self.believed:
             self.declared(now, declared, taken)
 
     def declared(self, now: float, declared: Declared, taken: bool = True) -> None:
         """A quota an answer declared. What is left is worth as many requests as the count falls by per answer of
-        this run's in the window (more when other clients spend the key, less when some answers cost nothing),
-        the largest fall left out (another client's burst is no steady rate) and the first answer costing one."""
+        this run's in the window and the one before (more when other clients spend the key, less when some answers
+        cost nothing), each window's largest fall left out (another client's burst is no steady rate) and the first
+        answer costing one."""
         held, reset_at = self.quotas.get(declared.bucket), now + declared.reset
         if declared.bucket in self.renewed and held is None:
             self.renewed.discard(declared.bucket)
             if taken and declared.remaining < 1 and (declared.limit or 0) >= 2:  # renewed, yet spent: a lie (see 1)
                 self.believed, self.quotas = False, {}
                 return
-        quota = Quota(declared.remaining - self.inflight, reset_at, declared.limit, declared.remaining,
-                      held.share if held else 1.0)  # those in flight may not be counted yet
+        answers, falls = self.before.get(declared.bucket, (0, 0.0))  # a window's first answers show no share yet
+        share = held.share if held else answers / (falls + 1) if answers else 1.0
+        quota = Quota(declared.remaining * share - self.inflight, reset_at, declared.limit, declared.remaining,
+                      share)  # those in flight may not be counted yet
         if held is not None and abs(held.reset_at - reset_at) < 1.0:  # the same window (resets are in seconds)
             quota.reset_at = min(reset_at, held.reset_at)  # a reset in whole seconds is late by up to one
             quota.remaining = min(declared.remaining, held.remaining)  # an overtaken answer says more is left
             fall = held.remaining - quota.remaining
             quota.answered, quota.spent, quota.largest = held.answered + 1, held.spent + fall, max(held.largest, fall)
-            quota.share = quota.answered / (quota.spent - quota.largest + 1)
+            quota.share = (quota.answered + answers) / (quota.spent - quota.largest + falls + 1)
             quota.left = quota.remaining * quota.share - self.inflight
         self.quotas[declared.bucket] = quota
         if self.bounds is None:  # no later than a gap from now at the pace it tells: the slot follows the latest answer

@@ -5836,6 +5836,33 @@ def test_class_one_burst_of_another_client_on_the_key_is_not_taken_for_its_stead
     assert run["end"] < 60  # 400 ids of the 3,000 left: paced over seconds, not stopped until the reset
 
 
+class Shared(Window):
+    """A declared window that another client on the key spends as fast as the run does: one request of its own
+    for each of the run's, so the count falls by two per answer and the run's share is half."""
+
+    def ideal(self, n):
+        return (math.ceil(n / (self.size // 2)) - 1) * self.seconds
+
+    def __call__(self, item, n, now):
+        window = int(now // self.seconds)
+        if window != self.window:
+            self.window, self.used = window, 0
+        self.used = min(self.size, self.used + 1)  # the other client's, as the run's reaches the server
+        return super().__call__(item, n, now)
+
+
+@pytest.mark.parametrize("dialect", ["github", "ietf"])
+def test_class_a_key_another_client_spends_as_fast_is_shared_from_each_windows_first_answer(dialect):
+    # a window's first answers show no fall yet: the share the last window showed is where the new one starts, or
+    # a run whose ids left fit in what the count says is left sends them at once and spends the other client's half
+    limit = Shared(60, 2, retry_after=False, dialect=dialect)
+    for count in (100, 160):  # the last window asked for 40 ids, 30 its share: more than half of the 60
+        run = drive(limit, count)
+        assert len(run["ended"]) == count and {b for _, b, _ in run["ended"].values()} == {Bucket.OK}
+        assert run["refused"] == 0, (count, run["refusals"])
+        assert run["end"] <= 1.10 * limit.ideal(count) + 0.1, count
+
+
 class Liar:
     """A quota that says 5 a minute, with none left after 5 and a reset always a minute ahead, on a
     server that takes everything: the declaration is not what limits it."""
