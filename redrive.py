@@ -1655,17 +1655,18 @@ class Host:
             if taken and declared.remaining < 1 and (declared.limit or 0) >= 2:  # renewed, yet spent: a lie (see 1)
                 self.believed, self.quotas = False, {}
                 return
-        answers, falls = self.before.get(declared.bucket, (0, 0.0))  # a window's first answers show no share yet
-        share = held.share if held else answers / (falls + 1) if answers else 1.0
-        quota = Quota(declared.remaining * share - self.inflight, reset_at, declared.limit, declared.remaining,
-                      share)  # those in flight may not be counted yet
-        if held is not None and abs(held.reset_at - reset_at) < 1.0:  # the same window (resets are in seconds)
+        quota = Quota(0.0, reset_at, declared.limit, declared.remaining, held.share if held else 1.0)
+        same = held is not None and abs(held.reset_at - reset_at) < 1.0  # the same window (resets are in seconds)
+        if same:
             quota.reset_at = min(reset_at, held.reset_at)  # a reset in whole seconds is late by up to one
             quota.remaining = min(declared.remaining, held.remaining)  # an overtaken answer says more is left
             fall = held.remaining - quota.remaining
             quota.answered, quota.spent, quota.largest = held.answered + 1, held.spent + fall, max(held.largest, fall)
-            quota.share = (quota.answered + answers) / (quota.spent - quota.largest + falls + 1)
-            quota.left = quota.remaining * quota.share - self.inflight
+        if same or held is None:  # with the window before: a window's first answers show no fall yet
+            answers, falls = self.before.get(declared.bucket, (0, 0.0))
+            counted = quota.answered + answers
+            quota.share = counted / (quota.spent - quota.largest + falls + 1) if counted else 1.0
+        quota.left = quota.remaining * quota.share - self.inflight  # those in flight may not be counted yet
         self.quotas[declared.bucket] = quota
         if self.bounds is None:  # no later than a gap from now at the pace it tells: the slot follows the latest answer
             self.next_slot = min(self.next_slot, now + self.gap(now))
