@@ -5877,6 +5877,18 @@ def test_class_a_declared_quota_the_answers_contradict_is_not_believed():
     assert run["end"] < 120  # not 1 request a minute: 500 ids would take 8 hours
 
 
+@pytest.mark.parametrize("rate, count, later", [(2, 245, 4), (50, 6005, 12)])
+def test_class_a_cut_that_found_the_limit_is_kept_though_its_sample_began_over_it(rate, count, later):
+    # a sample of the background can begin before the cut that finds a bucket's rate (the first cut read its burst
+    # as pace); relief shows after the last cut, so the refusals before it do not make the host be met anew
+    limit = Leaky(rate, 5)
+    run = drive(limit, count)
+    assert len(run["ended"]) == count and run["failed"] == 0
+    assert run["end"] <= 1.10 * limit.ideal(count)
+    after = [sent for sent in run["refusals"] if sent > 10.0]  # the first seconds are the search's
+    assert len(after) <= later, after
+
+
 # ------------------------------------------------- the state's index at scale
 #
 # The class: done.index is derived from the ids file and done.txt, so any
