@@ -540,6 +540,8 @@ class Item:
     refused: bool = False  #: its last answer was a refusal of its own: a new one is no fresh sign (see Host)
     throttles: int = 0  #: its refusals in a row (see Settler._throttled)
     streak: tuple = (0, 0)  #: its host's (takes, refusals) at the first of them
+    heard: tuple = (0, 0)  #: its host's (takes, refusals) counted after the last of them
+    others: tuple = (0, 0)  #: what its host took and refused of other ids between its last two (see Settler.settle)
     own: bool = False  #: its refusals were found its own: they spend tries, in later passes too
     turned_away: bool = False  #: refused by the host, or timed out: it goes behind the ids ready
     timed_out: bool = False  #: an attempt of it timed out before: a slow item, no sign of a host gone silent
@@ -4694,14 +4696,22 @@ class Settler:
         ids pending (exit 1). An id refused OWN_REFUSALS times in a row while
         the host took others and refused no other is refused for itself: a
         403 is its permission answer, any other refusal spends a try, so no
-        refusal of one id goes on for ever."""
+        refusal of one id goes on for ever. Only other ids' refusals are fresh
+        signs of the host's, so an id refused twice with no other answered
+        between goes behind the ids ready (see settle): else, on a host paced
+        to one request at a time, it spends its every try before the host's
+        refusals can be told from its own; and a refusal while the host refused
+        others more than its background explains keeps the id its last try
+        (see _kept)."""
         cap, item.throttles = self.cfg.max_backoff, item.throttles + 1
         if item.throttles == 1:
             item.streak = (host.takes, host.refusals)
+        item.others = (host.takes - item.heard[0], host.refusals - item.heard[1]) if item.throttles > 1 else (0, 0)
         item.own = item.own or item.throttles >= OWN_REFUSALS and host.takes > item.streak[0] and \
             host.refusals - item.streak[1] == item.throttles - 1  # since its first, refused alone among takes
         if item.own:
             host.throttled(now, item.sent, None, fresh=False)
+            item.heard = (host.takes, host.refusals)
             out.throttle = False
             if out.status == 403:
                 out.bucket = classify_status(403, self.cfg)
@@ -4711,15 +4721,35 @@ class Settler:
         spent = out.quota is not None and out.quota.remaining < 1 and out.quota.reset > 0
         hosts = host.throttled(now, item.sent, out.retry_after, fresh=not item.refused, said=out.said,
                                declared=out.quota)
+        item.heard = (host.takes, host.refusals)
         item.refused = not hosts  # its own trouble: its next refusal is no fresh sign of the host's
         test = now if out.retry_after is not None else max(now, host.next_slot)  # its own next test, or its word's
         if hosts and host.refusing_since is not None and test - host.refusing_since > cap:  # nothing taken so long
-            # past beyond_reach's bar even at a look that an id's own wait (at most --max-backoff) puts later
-            host.paused_until = max(host.paused_until, now + max(2 * cap, self.cfg.cooldown) + cap + 1.0)
-            self.tally.throttled = self.tally.throttled or {
-                "host": shown_host(build_url(self.cfg.request.url, item.id)),
-                "since": iso(self.fx.wallclock() - (now - host.refusing_since))}
+            self._beyond_reach(host, item, now, host.refusing_since)
         return hosts and (spent or (out.retry_after or 0.0) <= cap)
+
+    def _kept(self, item: Item, out: Outcome) -> bool:
+        """Does a refusal leave an id its last try? Yes while the host refuses everyone: since the id's first refusal
+        in a row it refused other ids more than its background explains (Host.bar), and it took one within
+        --max-backoff. With none taken for longer, the refusals are the id's own and spend its tries (a few ids in
+        trouble of their own may be all a run has left to ask); but a host that never took one has refused everything
+        for longer than --max-backoff, and the run ends with its ids pending (exit 1), as after a search."""
+        host, now, cap = self.timeline.hosts[item.host], self.fx.clock(), self.cfg.max_backoff
+        took, refused = host.takes - item.streak[0], host.refusals - item.streak[1] - item.throttles
+        if refused <= host.bar(took + refused) or (out.retry_after or 0.0) > cap or \
+                host.takes and now - host.last_ok > cap:
+            return False
+        if not host.takes and now - host.first_sent > cap:
+            self._beyond_reach(host, item, now, host.first_sent)
+        return True
+
+    def _beyond_reach(self, host: Host, item: Item, now: float, since: float) -> None:
+        """The host has taken nothing since `since`, longer than --max-backoff: it is paused past the run's reach
+        (even at a look that an id's own wait, at most --max-backoff, puts later), so the run ends, ids pending."""
+        cap = self.cfg.max_backoff
+        host.paused_until = max(host.paused_until, now + max(2 * cap, self.cfg.cooldown) + cap + 1.0)
+        self.tally.throttled = self.tally.throttled or {"host": shown_host(build_url(self.cfg.request.url, item.id)),
+                                                        "since": iso(self.fx.wallclock() - (now - since))}
 
     def _unreachable(self, host: Host, out: Outcome, now: float) -> bool:
         """When every id goes to one host, that host being unreachable means the
@@ -4761,8 +4791,16 @@ class Settler:
                 self.tally.fatal, self.tally.fatal_id = out, item.id
             self.tally.stopping(Stop.FATAL, self.fx.clock(), self.cfg)
         elif step.move is Move.RETRY:
-            item.turned_away = out.cause is Cause.TIMEOUT  # behind the others, which tell if the host went silent
+            # behind the others, which tell if the host went silent, or whose refusals these are if none was
+            # answered between its last two (see _throttled)
+            item.turned_away = out.cause is Cause.TIMEOUT or out.throttle and item.throttles > 1 and item.others == (0, 0)
             self.schedule(item, self.fx.clock() + step.wait)
+        elif step.move in (Move.FAIL, Move.GIVE_UP) and out.throttle and self._kept(item, out):
+            item.tries, item.turned_away = item.tries - 1, True  # behind the ids ready, as a host's refusal
+            wait = max(out.retry_after or 0.0, backoff_delay(item.tries, self.cfg.backoff, self.cfg.max_backoff,
+                                                             self.fx.rand))
+            self.schedule(item, self.fx.clock() + wait)
+            return f"kept its last try: the host refuses the others too; again in {duration(wait)}"
         elif step.move in (Move.FAIL, Move.GIVE_UP):
             self.books.failed(item, step)
             if step.move is Move.FAIL:

@@ -760,9 +760,10 @@ def test_a_new_hosts_refusals_are_the_ids_own_until_they_are_more_than_one_in_te
 def test_one_id_refused_again_and_again_is_its_own_trouble_and_the_host_goes_on_at_full_speed(server, tmp_path):
     server.replies["a"] = [503, 503, 503, 503, 200]  # one item under maintenance: four 503s in a row, then back
     code, _, fake = crawl(server, tmp_path, list("abcde"), "--concurrency", "1", "--backoff", "0")
-    assert code == ExitCode.OK and state(tmp_path, "done.txt") == list("abcde")
-    # a spent four tries of its own; taken as the host's, it would have paced the others
-    assert server.paths == ["/items/a"] * 5 + ["/items/b", "/items/c", "/items/d", "/items/e"]
+    assert code == ExitCode.OK and state(tmp_path, "done.txt") == list("bcdea")
+    # a spent four tries of its own; taken as the host's, it would have paced the others. Refused twice with no
+    # other id answered between, it went behind them: their answers told the refusals were its own
+    assert server.paths == ["/items/a"] * 2 + ["/items/b", "/items/c", "/items/d", "/items/e"] + ["/items/a"] * 3
     assert fake.sleeps == []
 
 
@@ -3872,6 +3873,22 @@ def test_throttle_bound_a_host_whose_retry_after_is_never_true_ends_the_run_with
     assert "longer than --max-backoff" in proc.stderr and sum(server.hits.values()) <= 40
 
 
+@pytest.mark.parametrize("count, workers, status", [(2, 2, 429), (3, 1, 503)])
+def test_throttle_bound_a_list_too_short_for_the_share_rule_fails_no_id_on_a_host_refusing_all(server, tmp_path, count,
+                                                                                               workers, status):
+    # fewer ids than the share rule's bar wants fresh refusals: each refusal stays the id's own, but the others were
+    # refused as often meanwhile, so none spends its last try on them; the host took nothing for longer than
+    # --max-backoff, so the run ends with every id pending (a real run, on the real clock)
+    ids = [f"r{n}" for n in range(count)]
+    server.replies.update({item: [status] for item in ids})
+    cmd = redrive_cmd(write_ids(tmp_path, ids), "--url", server.template, "--concurrency", str(workers),
+                      "--max-backoff", "2", "--backoff", "0.1", "--cooldown", "1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == ExitCode.INCOMPLETE, proc.stderr
+    assert state(tmp_path, "failed.jsonl") == [] and state(tmp_path, "unavailable.jsonl") == []
+    assert "longer than --max-backoff" in proc.stderr and sum(server.hits.values()) <= 10 * count
+
+
 @pytest.mark.parametrize("body", [
     b'{"message":"Resource not accessible by integration",'
     b'"documentation_url":"https://docs.github.com/rest/overview/rate-limits-for-the-rest-api"}',
@@ -5887,6 +5904,33 @@ def test_class_a_cut_that_found_the_limit_is_kept_though_its_sample_began_over_i
     assert run["end"] <= 1.10 * limit.ideal(count)
     after = [sent for sent in run["refusals"] if sent > 10.0]  # the first seconds are the search's
     assert len(after) <= later, after
+
+
+class Overloaded:
+    """A host that takes one request in `every`, whichever id it is for, and refuses the rest with `status` and
+    `headers`: its refusals are everyone's, though no id is refused twice in a row by the count alone."""
+
+    def __init__(self, every, status=429, headers=()):
+        self.every, self.status, self.headers, self.count = every, status, dict(headers), 0
+
+    def __call__(self, item, n, now):
+        self.count += 1
+        if self.count % self.every == 1 or self.every == 1:
+            return 200, {}, b'{"ok":1}'
+        return self.status, dict(self.headers), b""
+
+
+@pytest.mark.parametrize("every, status, headers, cap", [
+    (10, 429, {"Retry-After": "0"}, 4),  # paced to a request every ten seconds, one id at a time
+    (2, 503, {}, 4),  # ids refused in turn: each one's repeats are no fresh sign
+    (2, 429, {}, 1),
+])
+def test_class_a_host_refusing_most_requests_fails_no_id_with_its_refusals(every, status, headers, cap):
+    # an id's repeated refusal is no fresh sign of the host's: asked again and again with no other id asked in
+    # between, it spent its every try before the host's refusals could be told from its own
+    run = drive(Overloaded(every, status, headers), 20, until=600, cap=cap)
+    assert run["failed"] == 0, run["failed"]
+    assert run["ended"] and {bucket for _, bucket, _ in run["ended"].values()} == {Bucket.OK}
 
 
 # ------------------------------------------------- the state's index at scale
