@@ -4730,14 +4730,19 @@ class Settler:
 
     def _kept(self, item: Item, out: Outcome) -> bool:
         """Does a refusal leave an id its last try? Yes while the host refuses everyone: since the id's first refusal
-        in a row it refused other ids more than its background explains (Host.bar), and it took one within
-        --max-backoff. With none taken for longer, the refusals are the id's own and spend its tries (a few ids in
-        trouble of their own may be all a run has left to ask); but a host that never took one has refused everything
-        for longer than --max-backoff, and the run ends with its ids pending (exit 1), as after a search."""
+        in a row it refused other ids more than its background explains (Host.bar), at a share (the id's own pooled
+        in) that makes the id's refusals in a row no rarer than the bar's tail, and it took one within --max-backoff;
+        and for --tries more refusals at most, so ids refused for their own reasons, retried, cost twice their tries
+        at worst. Else the refusals are the id's own and spend its tries (a few ids in trouble of their own may be all
+        a run has left to ask); but a host that never took one has refused everything for longer than --max-backoff,
+        and the run ends with its ids pending (exit 1), as after a search."""
         host, now, cap = self.timeline.hosts[item.host], self.fx.clock(), self.cfg.max_backoff
         took, refused = host.takes - item.streak[0], host.refusals - item.streak[1] - item.throttles
-        if refused <= host.bar(took + refused) or (out.retry_after or 0.0) > cap or \
-                host.takes and now - host.last_ok > cap:
+        # and its refusals in a row no rarer, were everyone refused alike (the share pooled), than the bar's own tail
+        pooled = (refused + item.throttles) / (took + refused + item.throttles)
+        likely = refused and pooled ** item.throttles > math.erfc(SHARE_SIGMAS / math.sqrt(2)) / 2
+        if not likely or refused <= host.bar(took + refused) or item.throttles >= 2 * self.cfg.tries or \
+                (out.retry_after or 0.0) > cap or host.takes and now - host.last_ok > cap:
             return False
         if not host.takes and now - host.first_sent > cap:
             self._beyond_reach(host, item, now, host.first_sent)
