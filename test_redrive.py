@@ -5933,6 +5933,22 @@ def test_class_a_host_refusing_most_requests_fails_no_id_with_its_refusals(every
     assert run["ended"] and {bucket for _, bucket, _ in run["ended"].values()} == {Bucket.OK}
 
 
+def test_class_ids_refused_for_themselves_keep_their_last_try_for_tries_more_at_most():
+    # many ids refused for ever, each asked again and again, make the host's refused share high, as a host
+    # refusing everyone does: their last tries are kept, but for --tries refusals more at most
+    bad = {1, 3, 5, 7, 9, 11, 13, 15}
+    asks = Counter()
+
+    def serve(item, n, now):
+        asks[item] += 1
+        return (429, {}, b"") if item in bad else (200, {}, b'{"ok":1}')
+
+    run = drive(serve, 20, cap=4, passes=1)
+    assert {i for i, (_, bucket, _) in run["ended"].items() if bucket is Bucket.OK} == set(range(20)) - bad
+    assert {i for i, (_, bucket, _) in run["ended"].items() if bucket is not Bucket.OK} == bad
+    assert all(5 <= asks[i] <= 2 * 5 for i in bad), sorted(asks[i] for i in bad)
+
+
 # ------------------------------------------------- the state's index at scale
 #
 # The class: done.index is derived from the ids file and done.txt, so any
