@@ -4738,7 +4738,7 @@ class Settler:
         and the run ends with its ids pending (exit 1), as after a search."""
         host, now, cap = self.timeline.hosts[item.host], self.fx.clock(), self.cfg.max_backoff
         took, refused = host.takes - item.streak[0], host.refusals - item.streak[1] - item.throttles
-        # and its refusals in a row no rarer, were everyone refused alike (the share pooled), than the bar's own tail
+        # were everyone refused alike, the share of all (its own pooled in) would make its refusals in a row this likely
         pooled = (refused + item.throttles) / (took + refused + item.throttles)
         likely = refused and pooled ** item.throttles > math.erfc(SHARE_SIGMAS / math.sqrt(2)) / 2
         if not likely or refused <= host.bar(took + refused) or item.throttles >= 2 * self.cfg.tries or \
