@@ -541,7 +541,8 @@ class Item:
     throttles: int = 0  #: its refusals in a row (see Settler._throttled)
     streak: tuple = (0, 0)  #: its host's (takes, refusals) at the first of them
     heard: tuple = (0, 0)  #: its host's (takes, refusals) counted after the last of them
-    others: tuple = (0, 0)  #: what its host took and refused of other ids between its last two (see Settler.settle)
+    others: tuple = (0, 0)  #: what its host took and refused of other ids between its last two (see Settler._alone)
+    asked_alone: bool = False  #: it kept its last try once for want of other ids' answers (see Settler._alone)
     own: bool = False  #: its refusals were found its own: they spend tries, in later passes too
     turned_away: bool = False  #: refused by the host, or timed out: it goes behind the ids ready
     timed_out: bool = False  #: an attempt of it timed out before: a slow item, no sign of a host gone silent
@@ -4697,12 +4698,11 @@ class Settler:
         the host took others and refused no other is refused for itself: a
         403 is its permission answer, any other refusal spends a try, so no
         refusal of one id goes on for ever. Only other ids' refusals are fresh
-        signs of the host's, so an id refused twice with no other answered
-        between goes behind the ids ready (see settle): else, on a host paced
-        to one request at a time, it spends its every try before the host's
-        refusals can be told from its own; and a refusal while the host refused
-        others more than its background explains keeps the id its last try
-        (see _kept)."""
+        signs of the host's, so on a host paced to one request at a time an
+        id could spend its every try before the host's refusals were told
+        from its own: its last try is kept while the host refuses the others
+        too (see _kept), and once when no other id was answered since its
+        previous refusal (see _alone)."""
         cap, item.throttles = self.cfg.max_backoff, item.throttles + 1
         if item.throttles == 1:
             item.streak = (host.takes, host.refusals)
@@ -4746,6 +4746,15 @@ class Settler:
             return False
         if not host.takes and now - host.first_sent > cap:
             self._beyond_reach(host, item, now, host.first_sent)
+        return True
+
+    def _alone(self, item: Item, out: Outcome) -> bool:
+        """Was the id refused again with no other id answered since its previous refusal? Then nothing told whose
+        its refusals are: it keeps its last try once and goes behind the ids ready, so that others' answers tell."""
+        if item.throttles < 2 or item.others != (0, 0) or item.asked_alone or \
+                (out.retry_after or 0.0) > self.cfg.max_backoff:  # a wait past --max-backoff fails as it says
+            return False
+        item.asked_alone = True
         return True
 
     def _beyond_reach(self, host: Host, item: Item, now: float, since: float) -> None:
@@ -4796,11 +4805,9 @@ class Settler:
                 self.tally.fatal, self.tally.fatal_id = out, item.id
             self.tally.stopping(Stop.FATAL, self.fx.clock(), self.cfg)
         elif step.move is Move.RETRY:
-            # behind the others, which tell if the host went silent, or whose refusals these are if none was
-            # answered between its last two (see _throttled)
-            item.turned_away = out.cause is Cause.TIMEOUT or out.throttle and item.throttles > 1 and item.others == (0, 0)
+            item.turned_away = out.cause is Cause.TIMEOUT  # behind the others, which tell if the host went silent
             self.schedule(item, self.fx.clock() + step.wait)
-        elif step.move in (Move.FAIL, Move.GIVE_UP) and out.throttle and self._kept(item, out):
+        elif step.move in (Move.FAIL, Move.GIVE_UP) and out.throttle and (self._kept(item, out) or self._alone(item, out)):
             item.tries, item.turned_away = item.tries - 1, True  # behind the ids ready, as a host's refusal
             wait = max(out.retry_after or 0.0, backoff_delay(item.tries, self.cfg.backoff, self.cfg.max_backoff,
                                                              self.fx.rand))
