@@ -541,7 +541,7 @@ class Item:
     throttles: int = 0  #: its refusals in a row (see Settler._throttled)
     streak: tuple = (0, 0)  #: its host's (takes, refusals) at the first of them
     heard: tuple = (0, 0)  #: its host's (takes, refusals) counted after the last of them
-    others: tuple = (0, 0)  #: what its host took and refused of other ids between its last two (see Settler._alone)
+    alone: bool = False  #: refused again with no other id answered since its previous refusal (see Settler._alone)
     asked_alone: bool = False  #: it kept its last try once for want of other ids' answers (see Settler._alone)
     own: bool = False  #: its refusals were found its own: they spend tries, in later passes too
     turned_away: bool = False  #: refused by the host, or timed out: it goes behind the ids ready
@@ -4706,7 +4706,7 @@ class Settler:
         cap, item.throttles = self.cfg.max_backoff, item.throttles + 1
         if item.throttles == 1:
             item.streak = (host.takes, host.refusals)
-        item.others = (host.takes - item.heard[0], host.refusals - item.heard[1]) if item.throttles > 1 else (0, 0)
+        item.alone = item.throttles > 1 and (host.takes, host.refusals) == item.heard
         item.own = item.own or item.throttles >= OWN_REFUSALS and host.takes > item.streak[0] and \
             host.refusals - item.streak[1] == item.throttles - 1  # since its first, refused alone among takes
         if item.own:
@@ -4751,8 +4751,7 @@ class Settler:
     def _alone(self, item: Item, out: Outcome) -> bool:
         """Was the id refused again with no other id answered since its previous refusal? Then nothing told whose
         its refusals are: it keeps its last try once and goes behind the ids ready, so that others' answers tell."""
-        if item.throttles < 2 or item.others != (0, 0) or item.asked_alone or \
-                (out.retry_after or 0.0) > self.cfg.max_backoff:  # a wait past --max-backoff fails as it says
+        if not item.alone or item.asked_alone or (out.retry_after or 0.0) > self.cfg.max_backoff:  # its word: it fails
             return False
         item.asked_alone = True
         return True
