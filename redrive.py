@@ -1446,10 +1446,10 @@ class Host:
     3. A fresh refusal (429 or 503 of an id not refused for itself just before) is the host's if it says it is a rate
        limit, or if those in its last SHARE_ANSWERS answers sent since the cut exceed bN + SHARE_SIGMAS sqrt(bN) + 1
        (b: its share refused while paced below W_max, at no pace a later cut finds over it; 1/N unmeasured).
-    4. The host's refusal of a request sent after the last cut (or search) is a cut: W_max the pace it took, or over the
-       unit before its first refusal since if higher, or since that if a unit ago, 1 in 3 refused at most; the rate BETA W_max,
-       then W(t) = W_max (1 - BETA) ((t - K) / K)^3 + W_max, K = CUBIC_C 2^n / W_max in [unit, (n + 1) --max-backoff], n: cuts
-       in a row within [BETA, 1/BETA] of the last. N answers over the bar (N/2+ since the last cut) undo them; twice, their refusals.
+    4. The host's refusal of a request sent after the last cut (or search) is a cut: W_max the pace it took, or over the unit
+       before its first refusal since if higher, or since that if a unit ago, 1 in 3 refused at most; the rate BETA W_max, then
+       W(t) = W_max (1 - BETA) ((t - K) / K)^3 + W_max, K = CUBIC_C 2^n / W_max in [unit, (n + 1) --max-backoff], n: cuts in a
+       row within [BETA, 1/BETA] of the last. N answers over the bar (N/2+ after the last or only cut) undo them; twice, their refusals.
     5. A cut after its only take, or a refusal with none taken since the cut, tests one request at a time the gap from the
        last take's send to the next take: the geometric mean of the longest refused (reset at its first take) and shortest
        taken (first --max-backoff; after 2+ takes, at most 2x the longest refused), or a Retry-After. A take after 2+ (a quota
@@ -1480,8 +1480,8 @@ class Host:
     window: float = 0.0  #: its shortest cycle of a quota (see 5; 0: none seen)
     takes: int = 0  #: its answers that were no refusal
     refusals: int = 0  #: its refusals of any kind
-    sample: Optional[list] = None  #: answers, fresh refusals, those over a limit found since (see 3), and the answers and
-    #: fresh refusals since the last cut, until N answers
+    sample: Optional[list] = None  #: answers, fresh refusals, those over a limit found since (see 3), the answers and
+    #: fresh refusals since the last cut, and its cuts, until N answers
     doubt: Optional[int] = None  #: refusals the cuts explained in a sample that brought no relief (see 4)
     below: list = field(default_factory=lambda: [0, 0])  #: the same, summed over every sample completed
     quotas: dict = field(default_factory=dict)  #: bucket -> Quota
@@ -1578,8 +1578,8 @@ class Host:
             w_max = self.taken(now, onset)
         over = [sent for _, fresh, _, sent in self.recent if fresh and sent > self.cut_at]  # sampled if under W_max,
         over = sum(1 for sent in over if w_max <= self.rate(sent) < self.w_max) if self.w_max else 0  # not if over this one
-        self.sample = self.sample or [0, 0, 0, 0, 0]  # cuts in a row share one sample (see 4)
-        self.sample[3:] = [0, 0]  # whether the cuts brought relief shows after the last of them
+        self.sample = self.sample or [0, 0, 0, 0, 0, 0]  # cuts in a row share one sample (see 4)
+        self.sample[3:] = [0, 0, self.sample[5] + 1]  # whether the cuts brought relief shows after the last of them
         self.again = self.again + 1 if self.w_max and BETA <= w_max / self.w_max <= 1 / BETA else 0  # found again
         span, self.sample[2] = (self.again + 1) * self.longest, self.sample[2] + over
         self.hold = max(1.0, min(2 * self.hold, span * w_max / CUBIC_C)) if self.again else 1.0
@@ -1616,7 +1616,7 @@ class Host:
         if taken and (quota >= 2 or math.sqrt(BETA) * hi <= lo):  # a quota renewed, or one take's interval found
             self.window = min(self.window or math.inf, max(window, MIN_WAIT)) if quota >= 2 else self.window
             w_max = min(self.w_max, quota / self.window) if quota >= 2 else 1.0 / hi  # a quota's takes over its window
-            self.bounds, self.sample, self.cycle = None, [0, 0, 0, 0, 0], (sent, self.takes)
+            self.bounds, self.sample, self.cycle = None, [0, 0, 0, 0, 0, 0], (sent, self.takes)
             self.climb(now, w_max, top=quota >= 2 and w_max < self.w_max)  # a quota is no pace found over the limit
         elif floor:  # it takes as fast as a search can test: no interval to find, slow start
             self.bounds, self.sample, self.cycle, self.w_max, self.cut_at = None, None, (sent, self.takes), None, -math.inf
@@ -1641,7 +1641,8 @@ class Host:
         if self.sample is not None and sent > self.cut_at and self.rate(sent) < self.w_max:  # paced below it
             self.sample[0], self.sample[1], self.sample[3], self.sample[4] = \
                 self.sample[0] + 1, self.sample[1] + fresh, self.sample[3] + 1, self.sample[4] + fresh
-            if self.sample[0] >= SHARE_ANSWERS:
+            # a search's sample cut once: the refusals before the cut were the climb to it, relief shows after it
+            if self.sample[0] >= SHARE_ANSWERS and (2 * self.sample[3] >= SHARE_ANSWERS or self.sample[5] != 1):
                 self.sampled()
         for bucket in [b for b, q in self.quotas.items() if q.reset_at + QUOTA_MARGIN <= now]:
             quota = self.quotas.pop(bucket)  # renewed: the next declaration tells the new window
@@ -1680,8 +1681,9 @@ class Host:
     def sampled(self) -> None:
         """N answers paced below W_max: their fresh refusals, less those at a pace a later cut found over the limit, are
         its background. Over the bar, the cuts brought no relief: W_max is forgotten; twice in a row, nor those either.
-        Relief shows after the last cut: judged on the answers since it when they are half the sample or more."""
-        answers, fresh, over, since, fresh_since = self.sample
+        Relief shows after the last cut: judged on the answers since it when they are half the sample or more (a lone
+        cut, late in a search's sample, waits for them); cuts in a row with fewer since, on the whole sample."""
+        answers, fresh, over, since, fresh_since, _ = self.sample
         relieved = fresh_since <= self.bar(since) if 2 * since >= SHARE_ANSWERS else fresh <= self.bar()
         doubted = self.doubt
         over, self.doubt = (over, None) if relieved else (over, over) if doubted is None else (-doubted, None)  # 2nd: given back

@@ -5905,6 +5905,20 @@ def test_class_a_cut_that_found_the_limit_is_kept_though_its_sample_began_over_i
     assert len(after) <= later, after
 
 
+@pytest.mark.parametrize("size, seconds, count", [(20, 10, 245), (40, 5, 965)])
+def test_class_a_lone_cut_late_in_a_sample_is_judged_on_the_answers_after_it(size, seconds, count):
+    # a sliding log is found by a search, then its curve climbs over the limit and one cut comes late in the search's
+    # sample: the refusals before that cut were the climb to it, so they alone do not make the host be met anew
+    # (met anew, slow start sends its whole limit at once, and all of it is refused)
+    limit = SlidingLog(size, seconds)
+    run = drive(limit, count)
+    assert len(run["ended"]) == count and run["failed"] == 0
+    later = sorted(sent for sent in run["refusals"] if sent > 15.0)  # the first seconds are the search's
+    at_once = max((sum(1 for other in later if sent <= other < sent + 0.1) for sent in later), default=0)
+    assert at_once <= 2 and len(later) <= 18, later  # the code before: 11 and 23 at once, 24 and 71 in all
+    assert run["end"] <= 1.15 * limit.ideal(count)
+
+
 class Overloaded:
     """A host that takes one request in `every`, whichever id it is for, and refuses the rest with `status` and
     `headers`: its refusals are everyone's, though no id is refused twice in a row by the count alone."""
