@@ -539,7 +539,7 @@ class Item:
     order: int = 0  #: its last request's place among the run's requests (see Guard)
     refused: bool = False  #: its last answer was a refusal of its own: a new one is no fresh sign (see Host)
     throttles: int = 0  #: its refusals in a row (see Settler._throttled)
-    streak: tuple = (0, 0)  #: its host's (takes, refusals) at the first of them
+    streak: tuple = (0, 0, 0, 0)  #: its host's (takes, refusals, *firsts) at the first of them
     heard: tuple = (0, 0)  #: its host's (takes, refusals) counted after the last of them
     alone: bool = False  #: refused again with no other id answered since its previous refusal (see Settler._alone)
     asked_alone: bool = False  #: it kept its last try once for want of other ids' answers (see Settler._alone)
@@ -1493,6 +1493,7 @@ class Host:
     probes: int = 0  #: probes that failed since it went down
     probing: bool = False  #: the one request let through while down is out
     heard_at: float = -math.inf  #: its last answer of any kind (see Settler.observe)
+    firsts: tuple = (0, 0)  #: answers to ids not refused just before, and its refusals of them (see Settler.observe)
 
     def rate(self, now: float) -> Optional[float]:
         """The CUBIC rate at `now`, req/s (None: the host was never cut)."""
@@ -4527,8 +4528,10 @@ def crash_record(exc: BaseException, item_id: Optional[str], now: float) -> dict
     return {"id": item_id, "error": f"{type(exc).__name__}: {exc}", "at": now, "traceback": trace}
 
 
-#: An id refused this many times in a row while its host took others and
-#: refused no other is refused for itself, whatever the refusal says.
+#: An id refused this many times in a row while its host took others, and
+#: refused no other or its refusals in a row are rarer than its host's share
+#: of first asks refused explains, is refused for itself, whatever the
+#: refusal says.
 OWN_REFUSALS = 3
 
 
@@ -4681,6 +4684,8 @@ class Settler:
         host.reached(now)
         if out.quota is not None:
             self.timeline.quoted.add(item.host)
+        if not item.throttles:  # the host's own refusals are blind to which ids it refused before (see _throttled)
+            host.firsts = (host.firsts[0] + 1, host.firsts[1] + out.throttle)
         if out.throttle:  # 429, 503 (unless --skip or --fatal names it), or a rate limit said
             return self._throttled(host, item, out, now)
         item.refused, item.throttles = False, 0
@@ -4697,22 +4702,31 @@ class Settler:
         see Timekeeper). A host that has taken nothing for longer than
         --max-backoff is paused beyond the run's reach: the run ends with its
         ids pending (exit 1). An id refused OWN_REFUSALS times in a row while
-        the host took others and refused no other is refused for itself: a
-        403 is its permission answer, any other refusal spends a try, so no
-        refusal of one id goes on for ever. Only other ids' refusals are fresh
-        signs of the host's, so on a host paced to one request at a time an
-        id could spend its every try before the host's refusals were told
-        from its own: its last try is kept while the host refuses the others
-        too (see _kept), and once when no other id was answered since its
-        previous refusal (see _alone)."""
+        the host took others is refused for itself if the host refused no
+        other, or if the share of the ids not refused just before (first
+        asks) that it refused since, its own pooled in, makes so many in a row
+        rarer than the share rule's tail: a host's refusals are blind to which
+        ids it refused before, and ids in trouble of their own are refused
+        every time. A 403 is then its permission answer, any other refusal
+        spends a try and is no sign of the host's (no test of a search, no
+        cut), so no refusal of one id goes on for ever. Only other ids'
+        refusals are fresh signs of the host's, so on a host paced to one
+        request at a time an id could spend its every try before the host's
+        refusals were told from its own: its last try is kept while the host
+        refuses the others too (see _kept), and once when no other id was
+        answered since its previous refusal (see _alone)."""
         cap, item.throttles = self.cfg.max_backoff, item.throttles + 1
         if item.throttles == 1:
-            item.streak = (host.takes, host.refusals)
+            item.streak = (host.takes, host.refusals, *host.firsts)
         item.alone = item.throttles > 1 and (host.takes, host.refusals) == item.heard
+        # were everyone refused alike, the share of the others' first asks (its own pooled in) refused since its first
+        asked, refused = host.firsts[0] - item.streak[2] + item.throttles, host.firsts[1] - item.streak[3] + item.throttles
         item.own = item.own or item.throttles >= OWN_REFUSALS and host.takes > item.streak[0] and \
-            host.refusals - item.streak[1] == item.throttles - 1  # since its first, refused alone among takes
-        if item.own:
-            host.throttled(now, item.sent, None, fresh=False)
+            (host.refusals - item.streak[1] == item.throttles - 1 or  # since its first, refused alone among takes
+             (refused / asked) ** item.throttles <= math.erfc(SHARE_SIGMAS / math.sqrt(2)) / 2)  # or more than all
+        if item.own:  # no sign of the host's: neither a search's test nor a cut
+            host.answered(now, item.sent)
+            host.refusals += 1
             item.heard = (host.takes, host.refusals)
             out.throttle = False
             if out.status == 403:
