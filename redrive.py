@@ -4259,8 +4259,10 @@ class Schedule:
                                                 longest=self.cfg.max_backoff)
         if not host.ready:
             self.active.append(item.host)
-        if item.sent >= 0 and not item.turned_away:
-            host.ready.appendleft(item)  # a retry whose time has come goes before untried ids
+        # a retry whose time has come goes before untried ids; one refused for itself behind them, as one turned away:
+        # ids in trouble of their own would take the slots of those that may be fine, and the pace is measured on them
+        if item.sent >= 0 and not item.turned_away and not item.own:
+            host.ready.appendleft(item)
         else:
             host.ready.append(item)
 

@@ -5962,7 +5962,8 @@ def test_class_ids_refused_for_themselves_keep_their_last_try_for_tries_more_at_
     assert all(5 <= asks[i] <= 2 * 5 for i in bad), sorted(asks[i] for i in bad)
 
 
-@pytest.mark.parametrize("share, status, cap, count", [(10, 503, 4, 200), (5, 429, 4, 200), (15, 503, 8, 400)])
+@pytest.mark.parametrize("share, status, cap, count", [(10, 503, 4, 200), (5, 429, 4, 200), (15, 503, 8, 400),
+                                                        (20, 503, 4, 200)])
 def test_class_ids_refused_for_ever_while_the_host_takes_the_rest_end_unavailable_with_their_status(share, status,
                                                                                                   cap, count):
     # a shard of ids down (its ids refused for ever with the host's refusal), the rest taken: other ids are refused
@@ -5974,7 +5975,7 @@ def test_class_ids_refused_for_ever_while_the_host_takes_the_rest_end_unavailabl
 
     bad = {i for i in range(count) if i * 37 % 100 < share}
     run = drive(serve, count, cap=cap, until=900)
-    assert len(run["ended"]) == count, f"{count - len(run['ended'])} pending"  # the code before: 20, 10, 44
+    assert len(run["ended"]) == count, f"{count - len(run['ended'])} pending"  # the code before: 20, 10, 44, 89
     assert {i for i, (_, bucket, _) in run["ended"].items() if bucket is not Bucket.OK} == bad
     assert {s for i, (_, _, s) in run["ended"].items() if i in bad} == {status}
     assert run["clock"] < 300  # its tries and the second pass, no search spelled out over minutes
