@@ -4722,7 +4722,7 @@ class Settler:
             item.streak = (host.takes, host.refusals, *host.firsts)
         item.alone = item.throttles > 1 and (host.takes, host.refusals) == item.heard
         # were everyone refused alike, the share of the others' first asks (its own pooled in) refused since its first
-        asked, refused = host.firsts[0] - item.streak[2] + item.throttles, host.firsts[1] - item.streak[3] + item.throttles
+        asked, refused = (host.firsts[i] - item.streak[i + 2] + item.throttles for i in (0, 1))
         item.own = item.own or item.throttles >= OWN_REFUSALS and host.takes > item.streak[0] and \
             (host.refusals - item.streak[1] == item.throttles - 1 or  # since its first, refused alone among takes
              (refused / asked) ** item.throttles <= math.erfc(SHARE_SIGMAS / math.sqrt(2)) / 2)  # or more than all
