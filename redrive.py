@@ -4124,7 +4124,7 @@ class Tally:
     crash: Optional[dict] = None  #: stop "crash": the id, the error, when, and its traceback
     misconfigured: Optional[dict] = None  #: stop "misconfigured": the sign, one id, how many answers
     quota: Optional[dict] = None  #: the tightest quota a host declared, at the run's end (see quota_view)
-    throttled: Optional[dict] = None  #: a host took nothing for longer than --max-backoff: host, since
+    throttled: Optional[dict] = None  #: a host took nothing for longer than --max-backoff: host, since, status
     refresh: Counter = field(default_factory=Counter)  #: refreshed ids by result (see REFRESH_RESULTS)
     kept: list = field(default_factory=list)  #: the refreshed.jsonl records of ids whose refresh failed
     asked_again: set = field(default_factory=set)  #: ids a refresh asked that failed a pass (failed.jsonl compacts)
@@ -4743,7 +4743,7 @@ class Settler:
         item.refused = not hosts  # its own trouble: its next refusal is no fresh sign of the host's
         test = now if out.retry_after is not None else max(now, host.next_slot)  # its own next test, or its word's
         if hosts and host.refusing_since is not None and test - host.refusing_since > cap:  # nothing taken so long
-            self._beyond_reach(host, item, now, host.refusing_since)
+            self._beyond_reach(host, item, now, host.refusing_since, out.status)
         return hosts and (spent or (out.retry_after or 0.0) <= cap)
 
     def _kept(self, item: Item, out: Outcome) -> bool:
@@ -4763,7 +4763,7 @@ class Settler:
                 (out.retry_after or 0.0) > cap or host.takes and now - host.last_ok > cap:
             return False
         if not host.takes and now - host.first_sent > cap:
-            self._beyond_reach(host, item, now, host.first_sent)
+            self._beyond_reach(host, item, now, host.first_sent, out.status)
         return True
 
     def _alone(self, item: Item, out: Outcome) -> bool:
@@ -4774,13 +4774,15 @@ class Settler:
         item.asked_alone = True
         return True
 
-    def _beyond_reach(self, host: Host, item: Item, now: float, since: float) -> None:
+    def _beyond_reach(self, host: Host, item: Item, now: float, since: float, status: Optional[int]) -> None:
         """The host has taken nothing since `since`, longer than --max-backoff: it is paused past the run's reach
-        (even at a look that an id's own wait, at most --max-backoff, puts later), so the run ends, ids pending."""
+        (even at a look that an id's own wait, at most --max-backoff, puts later), so the run ends, ids pending.
+        `status`: the refusal's, for the way out when the ids left are refused for themselves (see stop_lines)."""
         cap = self.cfg.max_backoff
         host.paused_until = max(host.paused_until, now + max(2 * cap, self.cfg.cooldown) + cap + 1.0)
         self.tally.throttled = self.tally.throttled or {"host": shown_host(build_url(self.cfg.request.url, item.id)),
-                                                        "since": iso(self.fx.wallclock() - (now - since))}
+                                                        "since": iso(self.fx.wallclock() - (now - since)),
+                                                        "status": status}
 
     def _unreachable(self, host: Host, out: Outcome, now: float) -> bool:
         """When every id goes to one host, that host being unreachable means the
@@ -5433,8 +5435,11 @@ def stop_lines(tally: Tally, cfg: Config, redact: Redactor) -> list:
                 "  nothing was marked failed; rerun the same command once it is back"]
     quota = tally.quota
     if tally.stop is Stop.LATER and tally.throttled:
+        status = tally.throttled["status"]  # ids refused for ever, all that is left, read as a host refusing all
         return [f"redrive: {tally.throttled['host']} has refused every request since {tally.throttled['since']}, "
-                f"longer than --max-backoff; no try was spent: rerun the same command after {iso(tally.due)}"]
+                f"longer than --max-backoff; no try was spent: rerun the same command after {iso(tally.due)}"] + \
+            ([f"  if it answers other ids and refuses only these (a part of the API down), rerun with --skip {status} "
+              f"to list them as unavailable"] if status is not None else [])
     if tally.stop is Stop.LATER and quota and quota["remaining"] < 1 and tally.due >= parse_iso(quota["resets_at"]):
         of = f"/{quota['limit']}" if quota["limit"] is not None else ""
         due = iso(tally.due)  # the reset the gate waits for: the stop's cause, not a window renewed since

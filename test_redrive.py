@@ -3888,6 +3888,26 @@ def test_throttle_bound_a_list_too_short_for_the_share_rule_fails_no_id_on_a_hos
     assert "longer than --max-backoff" in proc.stderr and sum(server.hits.values()) <= 10 * count
 
 
+@pytest.mark.parametrize("status", [503, 429])
+def test_throttle_bound_ids_refused_for_ever_when_all_else_is_done_end_pending_with_the_way_to_list_them(server,
+                                                                                                         tmp_path,
+                                                                                                         status):
+    # the ids left are a part of the API that is down, the rest done by an earlier run: this run's host takes nothing,
+    # as a host refusing everyone does, so they stay pending; the stop line says how to list them as unavailable
+    good, bad = ["a", "b", "c"], ["x", "y"]
+    server.replies.update({item: [status] for item in bad})
+    ids = write_ids(tmp_path, good)
+    options = ["--url", server.template, "--max-backoff", "2", "--backoff", "0.1", "--cooldown", "1"]
+    assert subprocess.run(redrive_cmd(ids, *options), capture_output=True, timeout=60).returncode == ExitCode.OK
+    write_ids(tmp_path, good + bad)
+    proc = subprocess.run(redrive_cmd(ids, *options), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == ExitCode.INCOMPLETE and state(tmp_path, "unavailable.jsonl") == [], proc.stderr
+    assert f"rerun with --skip {status} to list them as unavailable" in proc.stderr
+    proc = subprocess.run(redrive_cmd(ids, *options, "--skip", str(status)), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == ExitCode.OK, proc.stderr
+    assert sorted((r["id"], r["status"]) for r in state(tmp_path, "unavailable.jsonl")) == [("x", status), ("y", status)]
+
+
 @pytest.mark.parametrize("body", [
     b'{"message":"Resource not accessible by integration",'
     b'"documentation_url":"https://docs.github.com/rest/overview/rate-limits-for-the-rest-api"}',
