@@ -1450,7 +1450,7 @@ class Host:
        before its first refusal since if higher, or since that if a unit ago, 1 in 3 refused at most; the rate BETA W_max, then
        W(t) = W_max (1 - BETA) ((t - K) / K)^3 + W_max, K = CUBIC_C 2^n / W_max in [unit, (n + 1) --max-backoff], n: cuts in a
        row within [BETA, 1/BETA] of the last. N answers over the bar (N/2+ after the last or only cut) undo them; twice, their refusals.
-    5. A cut after its only take, or a refusal with none taken since the cut, tests one request at a time the gap from the
+    5. A cut after its only take, or a fresh refusal with none taken since the cut, tests one request at a time the gap from the
        last take's send to the next take: the geometric mean of the longest refused (reset at its first take) and shortest
        taken (first --max-backoff; after 2+ takes, at most 2x the longest refused), or a Retry-After. A take after 2+ (a quota
        renewed) ends it: W_max its takes over its window, the curve at its top, the unit its shortest window over RATE_SPAN.
@@ -1540,7 +1540,8 @@ class Host:
         self.answered(now, sent, declared, fresh=fresh, taken=False)
         self.refusals += 1
         spent = declared is not None and declared.remaining < 1 and declared.reset > 0  # a reset now or past: no wait
-        refusing = self.last_ok < self.cut_at  # nothing taken since the cut: it refuses everything (see 5)
+        refusing = fresh and self.last_ok < self.cut_at  # nothing taken since the cut: it refuses everything (see 5); an
+        # id's refusal again is no sign of it: ids in trouble of their own would start a search whose tests are theirs
         if self.bounds is not None and not spent:  # a test of the search (see 5)
             self.searched(now, sent, wait, taken=False)
             return True

@@ -3888,6 +3888,20 @@ def test_throttle_bound_a_list_too_short_for_the_share_rule_fails_no_id_on_a_hos
     assert "longer than --max-backoff" in proc.stderr and sum(server.hits.values()) <= 10 * count
 
 
+@pytest.mark.parametrize("cap", [4, 32])
+def test_class_a_third_of_the_ids_refused_for_ever_leaves_the_rest_of_the_list_done(cap):
+    # their first refusals pass the share rule's bar and cut the pace; their refusals again, with nothing taken since
+    # the cut, started a search whose tests were theirs, and the run ended with the ids that are fine still pending
+    def serve(item, n, now):
+        return (503, {}, b"") if item * 37 % 100 < 30 else (200, {}, b'{"ok":1}')
+
+    good = {i for i in range(200) if i * 37 % 100 >= 30}
+    run = drive(serve, 200, cap=cap, until=900)
+    done = {i for i, (when, bucket, _) in run["ended"].items() if bucket is Bucket.OK and when <= 30}
+    assert done == good, f"{len(good - done)} of {len(good)} not done in 30 s"  # the code before: 94 and 75
+    assert all(bucket is not Bucket.OK for i, (_, bucket, _) in run["ended"].items() if i not in good)
+
+
 @pytest.mark.parametrize("status", [503, 429])
 def test_throttle_bound_ids_refused_for_ever_when_all_else_is_done_end_pending_with_the_way_to_list_them(server,
                                                                                                          tmp_path,
