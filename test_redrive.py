@@ -3922,6 +3922,17 @@ def test_throttle_bound_ids_refused_for_ever_when_all_else_is_done_end_pending_w
     assert sorted((r["id"], r["status"]) for r in state(tmp_path, "unavailable.jsonl")) == [("x", status), ("y", status)]
 
 
+def test_throttle_bound_a_rate_limit_said_in_a_200_names_no_skip_when_the_host_takes_nothing(server, tmp_path):
+    # the way out for ids refused for ever is --skip with their status; a GraphQL 200 that says RATE_LIMITED would
+    # make that --skip 200, and every success unavailable
+    server.replies.update({item: [(200, GRAPHQL_LIMITED, {"Content-Type": "application/json"})] for item in "xy"})
+    cmd = redrive_cmd(write_ids(tmp_path, ["x", "y"]), "--url", server.template, "--max-backoff", "2", "--backoff",
+                      "0.1", "--cooldown", "1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == ExitCode.INCOMPLETE and "longer than --max-backoff" in proc.stderr, proc.stderr
+    assert "--skip" not in proc.stderr
+
+
 @pytest.mark.parametrize("body", [
     b'{"message":"Resource not accessible by integration",'
     b'"documentation_url":"https://docs.github.com/rest/overview/rate-limits-for-the-rest-api"}',
