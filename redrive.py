@@ -5437,10 +5437,11 @@ def stop_lines(tally: Tally, cfg: Config, redact: Redactor) -> list:
     quota = tally.quota
     if tally.stop is Stop.LATER and tally.throttled:
         status = tally.throttled["status"]  # ids refused for ever, all that is left, read as a host refusing all
+        status = status if status is not None and status >= 400 else None  # --skip 200 would skip every success
         return [f"redrive: {tally.throttled['host']} has refused every request since {tally.throttled['since']}, "
                 f"longer than --max-backoff; no try was spent: rerun the same command after {iso(tally.due)}"] + \
             ([f"  if it answers other ids and refuses only these (a part of the API down), rerun with --skip {status} "
-              f"to list them as unavailable"] if status is not None and status >= 400 else [])  # --skip 200: every success
+              f"to list them as unavailable"] if status is not None else [])
     if tally.stop is Stop.LATER and quota and quota["remaining"] < 1 and tally.due >= parse_iso(quota["resets_at"]):
         of = f"/{quota['limit']}" if quota["limit"] is not None else ""
         due = iso(tally.due)  # the reset the gate waits for: the stop's cause, not a window renewed since
