@@ -4531,11 +4531,14 @@ def crash_record(exc: BaseException, item_id: Optional[str], now: float) -> dict
     return {"id": item_id, "error": f"{type(exc).__name__}: {exc}", "at": now, "traceback": trace}
 
 
-#: An id refused this many times in a row while its host took others, and
-#: refused no other or its refusals in a row are rarer than its host's share
-#: of first asks refused explains, is refused for itself, whatever the
-#: refusal says.
+#: An id refused this many times in a row while its host took others, more
+#: often than the host's share of first asks refused explains (see
+#: Settler._throttled), is refused for itself, whatever the refusal says.
 OWN_REFUSALS = 3
+
+#: The share rule's tail, SHARE_SIGMAS standard deviations (2.3%): refusals in
+#: a row rarer than it, were everyone refused alike, are not everyone's.
+SHARE_TAIL = math.erfc(SHARE_SIGMAS / math.sqrt(2)) / 2
 
 
 class Settler:
@@ -4726,7 +4729,7 @@ class Settler:
         asked, refused = (host.firsts[i] - item.streak[i + 2] + item.throttles for i in (0, 1))
         item.own = item.own or item.throttles >= OWN_REFUSALS and host.takes > item.streak[0] and \
             (host.refusals - item.streak[1] == item.throttles - 1 or  # since its first, refused alone among takes
-             (refused / asked) ** item.throttles <= math.erfc(SHARE_SIGMAS / math.sqrt(2)) / 2)  # or more than all
+             (refused / asked) ** item.throttles <= SHARE_TAIL)  # or more often than all
         if item.own:  # no sign of the host's: neither a search's test nor a cut
             host.answered(now, item.sent)
             host.refusals += 1
@@ -4759,7 +4762,7 @@ class Settler:
         took, refused = host.takes - item.streak[0], host.refusals - item.streak[1] - item.throttles
         # were everyone refused alike, the share of all (its own pooled in) would make its refusals in a row this likely
         pooled = (refused + item.throttles) / (took + refused + item.throttles)
-        likely = refused and pooled ** item.throttles > math.erfc(SHARE_SIGMAS / math.sqrt(2)) / 2
+        likely = refused and pooled ** item.throttles > SHARE_TAIL
         if not likely or refused <= host.bar(took + refused) or item.throttles >= 2 * self.cfg.tries or \
                 (out.retry_after or 0.0) > cap or host.takes and now - host.last_ok > cap:
             return False
