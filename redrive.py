@@ -1469,6 +1469,7 @@ class Host:
     recent: deque = field(default_factory=deque)  #: (time, fresh refusal, taken, sent) of its last answers
     w_max: Optional[float] = None  #: the pace taken at the last cut (None: never cut)
     cut_at: float = -math.inf
+    cut_takes: int = 0  #: its takes at the last cut
     k: float = RATE_SPAN  #: K: seconds from the last cut back to W_max (see 4)
     hold: float = 1.0  #: K's CUBIC_C requests, doubled for each cut in a row that found about the same W_max
     again: int = 0  #: those cuts in a row: K is at most --max-backoff for each, and one more
@@ -1540,7 +1541,7 @@ class Host:
         self.answered(now, sent, declared, fresh=fresh, taken=False)
         self.refusals += 1
         spent = declared is not None and declared.remaining < 1 and declared.reset > 0  # a reset now or past: no wait
-        refusing = fresh and self.last_ok < self.cut_at  # nothing taken since the cut: it refuses everything (see 5); an
+        refusing = fresh and self.idle_since_cut()  # nothing taken since the cut: it refuses everything (see 5); an
         # id's refusal again is no sign of it: ids in trouble of their own would start a search whose tests are theirs
         if self.bounds is not None and not spent:  # a test of the search (see 5)
             self.searched(now, sent, wait, taken=False)
@@ -1596,14 +1597,14 @@ class Host:
         """The curve of 4 from a cut at `now` to BETA `w_max` (`top`: at W_max), K no shorter than its quota's window."""
         k = max(CUBIC_C * self.hold / w_max, RATE_SPAN, self.window)
         self.k = min(k, (self.again + 1) * self.longest)  # a limit found again and again is probed more and more rarely
-        self.w_max, self.cut_at = w_max, now - self.k if top else now
+        self.w_max, self.cut_at, self.cut_takes = w_max, now - self.k if top else now, self.takes
         self.next_slot = max(self.next_slot, now + 1.0 / self.rate(now))
 
     def searched(self, now: float, sent: float, wait: Optional[float], taken: bool) -> None:
         """A test of the gap from the host's last take to its next (see 5): taken, the gap is at most the test's;
         refused, longer (if no shorter than one taken or said, the host changed), or as its Retry-After says."""
         last = max(self.ok_sent, self.first_sent)  # gaps as the server sees them, from the last take's send
-        if not taken and self.last_ok < self.cut_at and self.refusing_since is None:
+        if not taken and self.idle_since_cut() and self.refusing_since is None:
             self.refusing_since = self.cut_at  # it refuses everything since the cut
         (lo, hi), gap = self.bounds, max(sent - last, MIN_WAIT)
         changed = not taken and gap >= hi  # refused where it took, or where it said it would: its word is no guide
@@ -1627,6 +1628,11 @@ class Host:
             at = (sent if taken else last) + (step if quota < 2 else min(step, 2 * lo))  # a quota's end: found late x2 at most
             self.bounds, self.next_slot = [lo, hi], min(at, now + max(self.longest, wait or 0.0))
             self.cycle = (sent, self.takes) if taken else self.cycle
+
+    def idle_since_cut(self) -> bool:
+        """Has it taken nothing since the last cut? Counted in answers, not time: a take answered at the cut's instant
+        but before it is no take since."""
+        return self.cut_at > -math.inf and self.takes == self.cut_takes
 
     def taken(self, now: float, since: float) -> float:
         """The pace of the answers it took since `since` (not before its first request)."""
