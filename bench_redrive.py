@@ -1784,6 +1784,34 @@ def model(folder, count, opt):
           f"{opt.latency * 1000:g} ms answers, {order}", rows)
 
 
+COARSE_ROWS = ["leaky 2/s, no burst", "leaky 5/s, no burst", "leaky 10/s, no burst", "leaky 50/s, no burst",
+               "leaky 10/s, burst 5", "token bucket 50/s, burst 10, Retry-After",
+               "declared, GitHub's headers, none counted", "window 100 a second, none"]
+WINDOWS_TICK = 0.015625  #: Windows' system timer, and its time.monotonic before Python 3.13
+
+
+def coarse_clock(folder, count, opt):
+    """Rows of the tests' limiter table on the fake clock (test_redrive.drive, answers in order), with redrive's clock
+    read to a fine resolution or to Windows' 15.6 ms tick, and the run loop's waits ending on the fine clock or at
+    that tick: time over ideal and the share refused in each of the four."""
+    if Path(REDRIVE[0]).resolve() != (HERE / "redrive.py").resolve():
+        print(f"\ncoarse-clock: skipped for {REDRIVE[0]}: the fake-clock harness drives this redrive.py's run loop")
+        return
+    sys.path.insert(0, str(HERE))
+    import test_redrive as t
+    rows = []
+    for row in COARSE_ROWS:
+        limiter, ids, cap = t.LIMITERS[row][:3]
+        cells = []
+        for tick, wait_tick in ((0.0, 0.0), (WINDOWS_TICK, 0.0), (0.0, WINDOWS_TICK), (WINDOWS_TICK, WINDOWS_TICK)):
+            served = copy.deepcopy(limiter)
+            run = t.drive(served, count or ids, cap=cap, latency=opt.latency, order=1, tick=tick, wait_tick=wait_tick)
+            cells.append(f"{run['end'] / served.ideal(count or ids):.2f} x, {run['refused'] / run['requests']:.1%}")
+        rows.append((f"{row}, {count or ids} ids", " | ".join(cells)))
+    table(f"a clock coarser than the gaps it paces, answers in order, {opt.latency * 1000:g} ms answers: "
+          f"fine | clock read to {WINDOWS_TICK * 1000:g} ms | waits ending on it | both", rows)
+
+
 SCENARIOS = {"clean": clean, "flaky": flaky, "rate-limited": rate_limited, "lone-429": lone_429,
              "resume": resume, "fsync": fsync, "stop": stop, "nginx": nginx,
              "fixed-window": fixed_window, "token-bucket": token_bucket, "limit-and-lone": limit_and_lone,
@@ -1791,13 +1819,13 @@ SCENARIOS = {"clean": clean, "flaky": flaky, "rate-limited": rate_limited, "lone
              "shards-on-one-key": shards_on_one_key, "no-limit-throttles": no_limit_throttles,
              "shards-parallel": shards_parallel, "refresh": refresh, "nginx-slow": nginx_slow,
              "nginx-twins": nginx_twins, "server-twins": server_twins, "model": model, "first-run": first_run, "resume-first-nights": resume_first_nights,
-             "next-run": next_run, "cold-start": cold_start}
+             "next-run": next_run, "cold-start": cold_start, "coarse-clock": coarse_clock}
 COUNTS = {"clean": 10_000, "flaky": 10_000, "rate-limited": 3_000, "lone-429": 10_000, "resume": 1_000_000, "fsync": 5_000,
           "stop": 1_000_000, "nginx": 0,
           "fixed-window": 0, "token-bucket": 0, "limit-and-lone": 0, "limit-change": 4_500, "chaos": 10_000,
           "declared": 0, "shards-on-one-key": 0, "no-limit-throttles": 10_000, "shards-parallel": 3_000,
           "refresh": 10_000, "nginx-slow": 0, "nginx-twins": 0, "server-twins": 0, "model": 0, "first-run": 2_000_000, "resume-first-nights": 1_000_000,
-          "next-run": 0, "cold-start": 3_000}
+          "next-run": 0, "cold-start": 3_000, "coarse-clock": 0}
 
 
 def main(argv=None):

@@ -3064,7 +3064,8 @@ def response(status, headers=None, body=b""):
     return resp
 
 
-def drive(serve, count, until=900.0, latency=0.02, cap=32, tmp=None, order=None, tick=0.0, **options):
+def drive(serve, count, until=900.0, latency=0.02, cap=32, tmp=None, order=None, tick=0.0, wait_tick=0.0,
+          **options):
     """Ids 0..count-1 through redrive's own run loop on a fake clock: a real
     Batch (its Schedule, host gates, Settler, Timekeeper and ledgers in a
     temporary state dir), driven as its main thread and workers would drive
@@ -3078,13 +3079,16 @@ def drive(serve, count, until=900.0, latency=0.02, cap=32, tmp=None, order=None,
     answer that declared a quota, those sent before the first refusal came
     back (blind: sent before any answer told of a limit), and the times
     requests were sent. With a `tick`, redrive's clock reads the time rounded
-    down to it, as Windows' time.monotonic did before Python 3.13 (15.6 ms)."""
+    down to it, as Windows' time.monotonic did before Python 3.13 (15.6 ms);
+    with a `wait_tick`, each wait of the run loop ends at the next multiple of
+    it, as a wait on a coarse system timer does."""
     with tempfile.TemporaryDirectory(prefix="drive-") as folder:
-        return _drive(serve, count, until, latency, cap, Path(tmp or folder), order, tick, options)
+        return _drive(serve, count, until, latency, cap, Path(tmp or folder), order, (tick, wait_tick), options)
 
 
-def _drive(serve, count, until, latency, cap, folder, order, tick, options):
+def _drive(serve, count, until, latency, cap, folder, order, ticks, options):
     clock = [0.0]
+    tick, wait_tick = ticks
     read = (lambda: math.floor(clock[0] / tick) * tick) if tick else (lambda: clock[0])
     fx = Effects(clock=read, wallclock=lambda: WALL + clock[0], sleep=lambda s: None,
                  rand=random.Random(7).random, fsync=lambda fd: None)
@@ -3124,6 +3128,7 @@ def _drive(serve, count, until, latency, cap, folder, order, tick, options):
             while not batch.jobs.empty():  # idle workers take what it handed out
                 send(batch.jobs.get())
             wake = clock[0] + redrive.bounded_wait(timeout)  # as long as the main thread would sleep
+            wake = math.ceil(wake / wait_tick) * wait_tick if wait_tick else wake
             if inflight and inflight[0][0] <= wake:
                 at, _, sent, item, (status, headers, body) = heapq.heappop(inflight)
                 clock[0] = max(clock[0], at)
