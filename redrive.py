@@ -4092,18 +4092,32 @@ def decode(raw: bytes, resp: requests.Response) -> tuple:
 # --------------------------------------------------- scheduler and run loop
 
 
+def select_lateness(sock: socket.socket, tries: int = 3) -> float:
+    """How late a select of 1 ms on an idle socket ends here, the least of `tries`."""
+    late = math.inf
+    for _ in range(tries):
+        start = time.perf_counter()
+        select.select([sock], [], [], 0.001)
+        late = min(late, time.perf_counter() - start - 0.001)
+    return max(late, 0.0)
+
+
 class Wake:
     """Wakes the main thread: a worker went idle, or a signal came.
 
     A signal handler runs between any two bytecodes of the main thread, so
     set() takes no lock: it sends a byte on a socket pair. wait() is bounded
-    whatever it is given (see bounded_wait).
+    whatever it is given (see bounded_wait). A wait shorter than select is
+    late by (`grain`: on Windows it ends on the system timer's 15.6 ms tick)
+    is slept on time.sleep's timer, finer there since Python 3.11: a paced
+    slot met late is never made up, and so short a wait needs no waking.
     """
 
-    def __init__(self):
+    def __init__(self, grain: Optional[float] = None):
         self.reader, self.writer = socket.socketpair()
         self.reader.setblocking(False)
         self.writer.setblocking(False)
+        self.grain = select_lateness(self.reader) if grain is None else grain
 
     def set(self) -> None:
         try:
@@ -4112,8 +4126,12 @@ class Wake:
             pass  # the pair is full (a wake-up is pending anyway) or closed (the run is over)
 
     def wait(self, seconds: Optional[float]) -> None:
+        wait = bounded_wait(seconds)
         try:
-            select.select([self.reader], [], [], bounded_wait(seconds))
+            if wait < self.grain:
+                time.sleep(wait)
+            else:
+                select.select([self.reader], [], [], wait)
             self.reader.recv(65536)  # once: wake-ups that keep coming must not keep it here
         except OSError:
             pass  # nothing to read (BlockingIOError), or closed

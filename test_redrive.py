@@ -4713,6 +4713,27 @@ def test_every_wait_of_the_run_loop_wakes_whatever_its_timeout_and_load():
     wake.close()
 
 
+@pytest.mark.parametrize("grain, slept", [(0.0, False), (0.5, True)],
+                         ids=["select on time, as on Linux", "select late by more than the wait, as on Windows"])
+def test_class_a_wait_shorter_than_select_can_time_is_slept_and_a_longer_one_still_wakes(grain, slept):
+    # select on Windows ends on the system timer's 15.6 ms tick: a paced slot met that late is never made up, so a
+    # wait shorter than select's lateness is slept (finer there since Python 3.11); a longer one wakes at a wake-up
+    assert 0.0 <= redrive.Wake().grain < 0.5  # measured on this platform
+    wake = redrive.Wake(grain)
+
+    def waited(seconds):
+        started = time.perf_counter()
+        wake.wait(seconds)
+        return time.perf_counter() - started
+
+    wake.set()
+    assert waited(5.0) < 2.5  # longer than select's lateness: the pending wake-up ends it
+    wake.set()
+    assert (waited(0.2) >= 0.2) is slept  # shorter: slept through the wake-up, or ended by it
+    assert waited(0.3) >= 0.3  # that wake-up was read either way: nothing ends this one early
+    wake.close()
+
+
 def run_in_thread(function, limit=15.0):
     """function() in a thread that must end within limit seconds: a hang fails the test."""
     result = []
