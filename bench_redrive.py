@@ -62,7 +62,7 @@ Scenarios (all by default):
                  bench's server, beside the same row on the fake clock (--order) and its bounds
   model          the tests' limiter shapes at 2 to 500 r/s, two minutes of ideal each
                  (--minutes), and the penalty box, on the fake clock through redrive's own run loop;
-                 --concurrency, --latency and --order apply
+                 --concurrency, --latency, --order and --spread apply
   next-run       the run after one that found the limit, in the same state dir (paces.json):
                  the model's shapes at 2 to 50 r/s on the fake clock, and nginx-slow's limits
   cold-start     3,000 ids on a server with no limit that refuses everything for its
@@ -135,6 +135,7 @@ class Settings(NamedTuple):
     faults: tuple = ()  #: the flaky scenario's id -> kind table, 100 slots
     minutes: float = 2.0  #: model: each limiter row's ids take this long at its limit
     order: Optional[int] = None  #: model: the seed of the order the answers of a round trip come in (None: at once)
+    spread: float = 0.0  #: model: sigma of the log of each answer's time over the latency (0: each takes the latency)
 
 
 def at_least_two(text: str) -> float:
@@ -1742,7 +1743,7 @@ def model(folder, count, opt):
     rows, met, reached, reach, unwarned, warned = [], 0, 0, opt.concurrency / opt.latency, 0, 0
     for name, make in model_shapes(t).items():
         for rate in (2, 5, 10, 50, 100, 500):
-            limiter = make(rate)
+            limiter = t.Varied(make(rate), opt.spread, opt.latency) if opt.spread else make(rate)
             ids = count or int(rate * 60 * opt.minutes) + 5
             if rate >= reach:
                 rows.append((f"{name}, {rate} r/s, {ids} ids", f"out of reach: {opt.concurrency} in flight at "
@@ -1780,6 +1781,7 @@ def model(folder, count, opt):
     rows.append(("a declared 5 a minute that never renews, on a server that takes all, 500 ids",
                  f"{run['end']:.1f} s, refused {run['refused']}, {len(run['ended'])} ended"))
     order = "answers sharing an instant" if opt.order is None else f"answers of a round trip in order {opt.order}"
+    order += f", each answer's time x e^N(0, {opt.spread:g}) (the limiter rows)" if opt.spread else ""
     table(f"the fake-clock model: limiter shapes through redrive's own run loop, concurrency {opt.concurrency}, "
           f"{opt.latency * 1000:g} ms answers, {order}", rows)
 
@@ -1838,7 +1840,8 @@ def main(argv=None):
     if argv is None and sys.argv[1:2] == ["--launcher"]:
         return launcher_loop()
     args = build_parser().parse_args(argv)
-    opt = Settings(args.latency / 1000, args.concurrency, args.limit, fault_table(args.faults), args.minutes, args.order)
+    opt = Settings(args.latency / 1000, args.concurrency, args.limit, fault_table(args.faults), args.minutes, args.order,
+                   args.spread)
     print(f"redrive benchmark: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
     launcher()  # now, while this process is small (see Launcher)
     for name in args.scenarios or SCENARIOS:
@@ -1864,6 +1867,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--order", type=int, metavar="SEED",
                         help="model, server-twins: the answers of one round trip come in an order seeded SEED, as on Linux "
                              "(default: they share an instant, as on a clock that ticks every 15.6 ms)")
+    parser.add_argument("--spread", type=float, default=0.0, metavar="SIGMA",
+                        help="model: each answer takes the latency x e^N(0, SIGMA), a seeded draw, as a server's time "
+                             "varies (default 0: each takes the latency)")
     parser.add_argument("--limit", type=int, default=100, metavar="R",
                         help="requests a second the rate-limited server allows (default 100)")
     parser.add_argument("--faults", type=fault_mix, default=FAULTS, metavar="MIX",

@@ -1458,10 +1458,10 @@ class Host:
        before its first refusal since if higher, or since that if a unit ago, 1 in 3 refused at most; the rate BETA W_max, then
        W(t) = W_max (1 - BETA) ((t - K) / K)^3 + W_max, K = CUBIC_C 2^n / W_max in [unit, (n + 1) --max-backoff], n: cuts in a
        row within [BETA, 1/BETA] of the last. N answers over the bar (N/2+ after the last or only cut) undo them; twice, their refusals.
-    5. A cut after its only take, or a fresh refusal with none taken since the cut, tests one request at a time the gap from the
-       last take's send to the next take: the geometric mean of the longest refused (reset at its first take) and shortest
-       taken (first --max-backoff; after 2+ takes, at most 2x the longest refused), or a Retry-After. A take after 2+ (a quota
-       renewed) ends it: W_max its takes over its window, the curve at its top, the unit its shortest window over RATE_SPAN.
+    5. A cut after its only take, or a fresh refusal with none taken since the cut, tests with requests it sends one at a time the
+       gap from the last take's send to the next take: the geometric mean of the longest refused (reset at its first take) and
+       shortest taken (first --max-backoff; after 2+ takes, at most 2x the longest refused), or a Retry-After. A take after 2+ (a
+       quota renewed) ends it: W_max its takes over its window, the curve at its top, the unit its shortest window over RATE_SPAN.
        One take's interval ends within sqrt(BETA): W_max 1 / the shortest taken; taken at its fastest, slow start. Refused all
        past --max-backoff: the run ends. paces.json starts the curve; CUBIC_C takes over it, none refused: slow start.
     """
@@ -1485,6 +1485,7 @@ class Host:
     ok_sent: float = -math.inf  #: when that one was sent
     refusing_since: Optional[float] = None  #: refusing everything since (see 5)
     bounds: Optional[list] = None  #: [lo, hi] s: the gap from its last take to its next, searched for (see 5)
+    searching: float = math.inf  #: when that search began: answers to requests sent before are no tests of it
     cycle: Optional[tuple] = None  #: (sent, takes before it) of the take that began its cycle (see 5)
     window: float = 0.0  #: its shortest cycle of a quota (see 5; 0: none seen)
     takes: int = 0  #: its answers that were no refusal
@@ -1537,7 +1538,7 @@ class Host:
     def succeeded(self, now: float, sent: float, declared: Optional[Declared] = None) -> None:
         """Any answer but a refusal (a 404 or a 500 says nothing of pace)."""
         self.answered(now, sent, declared, fresh=False, taken=True)
-        if self.bounds is not None:  # a test of the search (see 5)
+        if self.bounds is not None and sent >= self.searching:  # a test of the search (see 5)
             self.searched(now, sent, None, taken=True)
         self.last_ok, self.ok_sent, self.refusing_since, self.takes = now, sent, None, self.takes + 1
         self.limit = min(self.cap, self.limit + SLOW_START_STEP) if self.w_max is None else self.limit  # slow start
@@ -1565,7 +1566,8 @@ class Host:
         if not refusing:
             self.cut(now)
         if refusing or self.takes == 1:  # a quota ran out, or one take is no pace: search for the next take (see 5)
-            self.bounds, self.sample = [0.0, self.longest], None  # the cut did not hold: no measure of the background
+            # the cut did not hold: no measure of the background; a request sent before now is no test (see 5)
+            self.bounds, self.sample, self.searching = [0.0, self.longest], None, now
             self.searched(now, sent, wait, taken=False)
         return True
 
