@@ -1477,7 +1477,8 @@ class Host:
     recent: deque = field(default_factory=deque)  #: (time, fresh refusal, taken, sent) of its last answers
     w_max: Optional[float] = None  #: the pace taken at the last cut (None: never cut)
     cut_at: float = -math.inf
-    cut_takes: int = 0  #: its takes at the last cut
+    since_cut: int = 0  #: its takes since the last cut of requests sent since the one before
+    before_cut: float = -math.inf  #: the cut before the last
     k: float = RATE_SPAN  #: K: seconds from the last cut back to W_max (see 4)
     hold: float = 1.0  #: K's CUBIC_C requests, doubled for each cut in a row that found about the same W_max
     again: int = 0  #: those cuts in a row: K is at most --max-backoff for each, and one more
@@ -1541,6 +1542,7 @@ class Host:
         if self.bounds is not None and sent >= self.searching:  # a test of the search (see 5)
             self.searched(now, sent, None, taken=True)
         self.last_ok, self.ok_sent, self.refusing_since, self.takes = now, sent, None, self.takes + 1
+        self.since_cut += sent > self.before_cut
         self.limit = min(self.cap, self.limit + SLOW_START_STEP) if self.w_max is None else self.limit  # slow start
 
     def throttled(self, now: float, sent: float, wait: Optional[float], fresh: bool = True,
@@ -1607,7 +1609,8 @@ class Host:
         """The curve of 4 from a cut at `now` to BETA `w_max` (`top`: at W_max), K no shorter than its quota's window."""
         k = max(CUBIC_C * self.hold / w_max, RATE_SPAN, self.window)
         self.k = min(k, (self.again + 1) * self.longest)  # a limit found again and again is probed more and more rarely
-        self.w_max, self.cut_at, self.cut_takes = w_max, now - self.k if top else now, self.takes
+        self.before_cut, self.since_cut = self.cut_at, 0
+        self.w_max, self.cut_at = w_max, now - self.k if top else now
         self.next_slot = max(self.next_slot, now + 1.0 / self.rate(now))
 
     def searched(self, now: float, sent: float, wait: Optional[float], taken: bool) -> None:
@@ -1641,8 +1644,9 @@ class Host:
 
     def idle_since_cut(self) -> bool:
         """Has it taken nothing since the last cut? Counted in answers, not time: a take answered at the cut's instant
-        but before it is no take since."""
-        return self.cut_at > -math.inf and self.takes == self.cut_takes
+        but before it is no take since; nor one sent before the cut before, which no pace since then explains (a
+        straggler of a slow answer, the quota spent since)."""
+        return self.cut_at > -math.inf and not self.since_cut
 
     def taken(self, now: float, since: float) -> float:
         """The pace of the answers it took since `since` (not before its first request)."""

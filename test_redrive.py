@@ -3596,7 +3596,7 @@ def test_a_limit_found_again_is_probed_rarely_so_a_long_run_is_refused_little(li
 @pytest.mark.parametrize("order", [None, 1], ids=["answers at one instant", "answers in order"])
 @pytest.mark.parametrize("limiter, count, most_time, most_refused", [
     (Varied(Window(600, 60, retry_after=False), 1.0), 1205, 1.10, 0.07),
-    (Varied(SlidingLog(100, 10), 1.0), 1205, 1.10, 0.07),
+    (Varied(SlidingLog(100, 10), 1.0), 1205, 1.12, 0.07),  # its renewal searched for: found up to 1.25 x late
     (Late(Leaky(1, 5), {1}, 0.5), 65, 1.06, 0.23),
     (Late(Window(20, 2), {1}, 0.5), 600, 1.18, 0.09),
 ], ids=["window 600 a minute, none, answers in 20 ms x e^N(0, 1)", "sliding log 100 per 10 s, the same",
@@ -3612,6 +3612,20 @@ def test_class_an_answer_to_a_request_sent_before_a_search_began_is_no_test_of_i
     assert sorted(s for _, _, s in run["ended"].values()) == [200] * (count - gone) + [404] * gone
     assert run["end"] <= most_time * limiter.ideal(count) + 0.1
     assert run["refused"] <= most_refused * run["requests"]
+
+
+@pytest.mark.parametrize("order", [None, 1], ids=["answers at one instant", "answers in order"])
+@pytest.mark.parametrize("limiter, count", [(Varied(Window(5000, 10), 1.0), 10500),
+                                            (Varied(SlidingLog(1000, 10), 1.0), 6005)],
+                         ids=["window 5000 per 10 s, Retry-After", "sliding log 1000 per 10 s"])
+def test_class_a_straggler_sent_before_the_cut_before_is_no_sign_the_host_still_takes(limiter, count, order):
+    # answers in 20 ms x e^N(0, 1): takes sent before the quota ran out come in long after it; read as signs that the
+    # host took the last cut's pace, each round trip's refusals cut again (a window of 500 r/s: 948, 668, ... 48 r/s
+    # in 0.25 s), and the quota found next was held under the last (the code before: 2.93 and 1.14 x)
+    limiter = copy.deepcopy(limiter)
+    run = drive(limiter, count, order=order, until=7200)
+    assert sorted(s for _, _, s in run["ended"].values()) == [200] * count
+    assert run["end"] <= 1.10 * limiter.ideal(count)
 
 
 @pytest.mark.parametrize("limiter, count", [(Leaky(2, 0), 245), (Leaky(5, 0, status=503), 605), (Window(1, 2), 65)],
