@@ -1455,7 +1455,7 @@ class Host:
        limit, or if those in its last SHARE_ANSWERS answers sent since the cut exceed bN + SHARE_SIGMAS sqrt(bN) + 1
        (b: its share refused while paced below W_max, at no pace a later cut finds over it; 1/N unmeasured).
     4. The host's refusal of a request sent after the last cut (or search) is a cut: W_max the pace it took, or over the unit
-       before its first refusal since if higher, or since that if a unit ago, 1 in 3 refused at most; the rate BETA W_max, then
+       of sends before its first refusal since if higher, or since that if a unit ago, 1 in 3 refused at most; the rate BETA W_max, then
        W(t) = W_max (1 - BETA) ((t - K) / K)^3 + W_max, K = CUBIC_C 2^n / W_max in [unit, (n + 1) --max-backoff], n: cuts in a
        row within [BETA, 1/BETA] of the last. N answers over the bar (N/2+ after the last or only cut) undo them; twice, their refusals.
     5. A cut after its only take, or a fresh refusal with none taken since the cut, tests with requests it sends one at a time the
@@ -1575,7 +1575,8 @@ class Host:
 
     def cut(self, now: float) -> None:
         """W_max to the higher of the pace the host took and its pace over the unit before the first refusal since the
-        cut or search (a limit with no slack takes half once passed), or to its pace since that refusal if a unit ago
+        cut or search, in sends (a limit with no slack takes half once passed; answer times add the spread of their
+        delays to the span, the host took them as they came), or to its pace since that refusal if a unit ago
         with two in three taken since (a limit with slack takes all it can once passed; the unit before, its burst fed);
         the rate to BETA W_max (see 4)."""
         unit = max(RATE_SPAN, self.window)  # a window's pace measured over less than it aliases
@@ -1584,9 +1585,10 @@ class Host:
         took = min(self.taken(now, last), self.taken(now, now - unit))
         begun = max(self.cut_at, cycle)  # a search's refusals are no pace's
         onset = next((at for at, fresh, _, sent in self.recent if fresh and sent > begun), now)
-        takes = [at for at, _, ok, _ in self.recent if ok and self.first_sent + unit <= at < onset]  # no first burst
-        start = max((i for i, at in enumerate(takes) if at <= onset - unit), default=len(takes))
-        top = takes[start:]  # from the last take at or before the unit that ends at the onset
+        since = min((sent for _, fresh, _, sent in self.recent if fresh and sent > begun), default=now)  # the onset's send
+        takes = sorted(sent for _, _, ok, sent in self.recent if ok and self.first_sent + unit <= sent < since)
+        start = max((i for i, at in enumerate(takes) if at <= since - unit), default=len(takes))
+        top = takes[start:]  # from the last take sent at or before the unit that ends at the onset's send
         w_max = max(took, (len(top) - 1) / (top[-1] - top[0]) if len(top) >= 2 else 0.0)
         after = [ok for at, _, ok, _ in self.recent if at >= onset]  # no slack refuses one in two once passed at least
         if now - onset >= unit and 3 * after.count(False) <= len(after):  # slack: what it took is its limit
