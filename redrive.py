@@ -1462,7 +1462,7 @@ class Host:
        gap from the last take's send to the next take: the geometric mean of the longest refused (reset at its first take) and
        shortest taken (first --max-backoff; after 2+ takes, at most 2x the longest refused), or a Retry-After. A take after 2+ (a
        quota renewed) ends it: W_max its takes over its window, the curve at its top, the unit its shortest window over RATE_SPAN.
-       One take's interval ends within sqrt(BETA): W_max 1 / the shortest taken; taken at its fastest, slow start. Refused all
+       One take's interval ends within sqrt(BETA): W_max 1 / the shortest taken; taken at its fastest, slow start, met anew. Refused all
        past --max-backoff: the run ends. paces.json starts the curve; CUBIC_C takes over it, none refused: slow start.
     """
 
@@ -1636,8 +1636,10 @@ class Host:
             w_max = min(self.w_max, quota / self.window) if quota >= 2 else 1.0 / hi  # a quota's takes over its window
             self.bounds, self.sample, self.cycle = None, [0, 0, 0, 0, 0, 0], (sent, self.takes)
             self.climb(now, w_max, top=quota >= 2 and w_max < self.w_max)  # a quota is no pace found over the limit
-        elif floor:  # it takes as fast as a search can test: no interval to find, slow start
+        elif floor:  # it takes as fast as a search can test: no interval to find, slow start, and the host met anew
+            # (a cut measures no pace over the search, which held it to one request at a time)
             self.bounds, self.sample, self.cycle, self.w_max, self.cut_at = None, None, (sent, self.takes), None, -math.inf
+            self.first_sent = sent
         else:
             step = hi if math.sqrt(BETA) * hi <= lo else math.sqrt(lo * hi)  # bisection in ratio, to within sqrt(BETA)
             at = (sent if taken else last) + (step if quota < 2 else min(step, 2 * lo))  # a quota's end: found late x2 at most

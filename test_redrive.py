@@ -3655,6 +3655,20 @@ def test_class_the_pace_a_host_took_is_measured_between_the_sends_it_took_not_th
     assert run["end"] <= 1.10 * limiter.ideal(605)
 
 
+@pytest.mark.parametrize("order", [None, 1], ids=["answers at one instant", "answers in order"])
+@pytest.mark.parametrize("limiter, count", [(Varied(Behind(Leaky(50, 0), Lone(3)), 1.0), 1000),
+                                            (Varied(Behind(Leaky(20, 0), Lone(5)), 1.0, seed=3), 400)],
+                         ids=["limit of 50/s, 3% refused for themselves", "limit of 20/s, 5%"])
+def test_class_the_pace_a_search_held_a_host_to_is_no_pace_of_its(limiter, count, order):
+    # answers in 20 ms x e^N(0, 1): a search one request at a time, every test taken at the shortest gap it can send,
+    # ends in slow start; the cut that came next measured the search's own pace over the unit, 4 r/s for 50, and the
+    # curve took a minute to climb out of it (the code before: 4.0 and 2.55 x)
+    limiter = copy.deepcopy(limiter)
+    run = drive(limiter, count, order=order, until=7200)
+    assert sorted(s for _, _, s in run["ended"].values()) == [200] * (count - count // 50) + [404] * (count // 50)
+    assert run["end"] <= 1.45 * limiter.ideal(count)  # the limiter table's bound for a limit behind ids in trouble
+
+
 @pytest.mark.parametrize("limiter, count", [(Leaky(2, 0), 245), (Leaky(5, 0, status=503), 605), (Window(1, 2), 65)],
                          ids=["leaky 2/s", "leaky 5/s, 503", "window 1 per 2 s, Retry-After"])
 def test_a_host_that_takes_one_request_then_refuses_is_paced_by_the_interval_it_searches_for(limiter, count):
