@@ -1586,7 +1586,7 @@ class Host:
         begun = max(self.cut_at, cycle)  # a search's refusals are no pace's
         onset = next((at for at, fresh, _, sent in self.recent if fresh and sent > begun), now)
         since = min((sent for _, fresh, _, sent in self.recent if fresh and sent > begun), default=now)  # the onset's send
-        takes = sorted(sent for _, _, ok, sent in self.recent if ok and self.first_sent + unit <= sent < since)
+        takes = sorted(sent for _, _, ok, sent in self.recent if ok and self.first_sent + unit <= sent < since)  # no first burst
         start = max((i for i, at in enumerate(takes) if at <= since - unit), default=len(takes))
         top = takes[start:]  # from the last take sent at or before the unit that ends at the onset's send
         w_max = max(took, (len(top) - 1) / (top[-1] - top[0]) if len(top) >= 2 else 0.0)
