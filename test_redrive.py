@@ -3370,49 +3370,52 @@ class Behind:
         return answer if answer[0] != 200 else self.lone(item, n, now)
 
 
-class Varied:
-    """A limiter whose answers take `latency` x e^N(0, sigma) (a seeded draw) rather than `latency`: a server's
-    time varies from answer to answer, so a request sent before another can be answered after it."""
+class Later:
+    """A limiter whose answers come later than drive's latency by `extra(item, n)` s: a server's time varies from
+    answer to answer, so a request sent before another can be answered after it."""
+
+    def __init__(self, limit):
+        self.limit = limit
+
+    def ideal(self, n):
+        return self.limit.ideal(n)
+
+    def __call__(self, item, n, now):
+        answer = self.limit(item, n, now)
+        return answer[:3] + ((answer[3:] or (0.0,))[0] + self.extra(item, n),)
+
+
+class Varied(Later):
+    """Answers in `latency` x e^N(0, sigma) (a seeded draw) rather than `latency`."""
 
     def __init__(self, limit, sigma, latency=0.02, seed=5):
-        self.limit, self.sigma, self.latency, self.draw = limit, sigma, latency, random.Random(seed)
+        super().__init__(limit)
+        self.sigma, self.latency, self.draw = sigma, latency, random.Random(seed)
 
-    def ideal(self, n):
-        return self.limit.ideal(n)
-
-    def __call__(self, item, n, now):
-        answer = self.limit(item, n, now)
-        varied = self.latency * (math.exp(self.draw.gauss(0.0, self.sigma)) - 1.0)  # over drive's own latency
-        return answer[:3] + ((answer[3] if len(answer) > 3 else 0.0) + varied,)
+    def extra(self, item, n):
+        return self.latency * (math.exp(self.draw.gauss(0.0, self.sigma)) - 1.0)
 
 
-class TwoSpeed:
-    """A limiter whose answers take `slow` s more one time in `every` (a seeded draw): a cache missed."""
+class TwoSpeed(Later):
+    """One answer in `every` (a seeded draw) `slow` s late: a cache missed."""
 
     def __init__(self, limit, every, slow, seed=5):
-        self.limit, self.every, self.slow, self.draw = limit, every, slow, random.Random(seed)
+        super().__init__(limit)
+        self.every, self.slow, self.draw = every, slow, random.Random(seed)
 
-    def ideal(self, n):
-        return self.limit.ideal(n)
-
-    def __call__(self, item, n, now):
-        answer = self.limit(item, n, now)
-        slow = self.slow if self.draw.random() < 1 / self.every else 0.0
-        return answer[:3] + ((answer[3] if len(answer) > 3 else 0.0) + slow,)
+    def extra(self, item, n):
+        return self.slow if self.draw.random() < 1 / self.every else 0.0
 
 
-class Late:
-    """A limiter whose answer to the first request of the ids `late` comes `delay` s later than the others."""
+class Late(Later):
+    """The answer to the first request of each of the ids `late`, `delay` s late."""
 
     def __init__(self, limit, late, delay):
-        self.limit, self.late, self.delay = limit, late, delay
+        super().__init__(limit)
+        self.late, self.delay = late, delay
 
-    def ideal(self, n):
-        return self.limit.ideal(n)
-
-    def __call__(self, item, n, now):
-        answer = self.limit(item, n, now)
-        return answer if item not in self.late or n > 1 else answer[:3] + ((answer[3:] or (0.0,))[0] + self.delay,)
+    def extra(self, item, n):
+        return self.delay if item in self.late and n == 1 else 0.0
 
 
 GITHUB_LIMITED = b'{"message":"API rate limit exceeded for user ID 1.","documentation_url":"https://docs.github.com"}'
